@@ -1,0 +1,40 @@
+"""The HTTP API: Flask views that parse, call a use case and respond. No torch here."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, current_app, g, request
+
+from jobs import service
+from jobs.context import Context
+from jobs.settings import Settings
+
+
+def context() -> Context:
+    ctx: Context = current_app.extensions["inferq"]
+    return ctx
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    from api import batches, errors, files, health, inference, models
+
+    settings = settings or Settings.from_env()
+    logging.basicConfig(level=settings.log_level)
+    app = Flask("inferq")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["inferq"] = Context(settings)
+    errors.register(app)
+
+    def authenticate() -> None:
+        header = request.headers.get("Authorization", "")
+        key = header[7:].strip() if header.lower().startswith("bearer ") else None
+        g.tenant_id = service.authenticate(context(), key)
+
+    for mod in (files, batches, inference, models):
+        mod.bp.before_request(authenticate)
+        app.register_blueprint(mod.bp, url_prefix="/v1")
+    app.register_blueprint(health.bp)
+
+    return app

@@ -1,0 +1,181 @@
+"""The ``inferq`` command: run the service and talk to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from jobs.settings import Settings
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+@click.group()
+def main() -> None:
+    """inferq: asynchronous batch inference with an OpenAI-compatible API."""
+
+
+@main.command()
+@click.option("--port", type=int, default=None, help="API port (default INFERQ_API_PORT or 8000)")
+@click.option("--workers", "model_workers", type=int, default=1, help="model worker processes")
+def up(port: int | None, model_workers: int) -> None:
+    """API + workers + embedded backends in one command; Ctrl-C stops everything."""
+    from api.stack import Stack
+
+    stack = Stack(_settings(), port=port, model_workers=model_workers)
+    stopping = []
+
+    def _stop(*_: Any) -> None:
+        stopping.append(True)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        stack.start()
+        click.echo(f"inferq is up: {stack.base_url}/v1")
+        click.echo(f"API key:      {stack.api_key}")
+        click.echo(f"data dir:     {stack.settings.data_dir}  (logs in {stack.log_dir})")
+        while not stopping:
+            for name, p in stack.procs.items():
+                if p.poll() is not None:
+                    click.echo(f"{name} exited ({p.returncode}); stopping", err=True)
+                    stopping.append(True)
+            time.sleep(0.5)
+    finally:
+        click.echo("stopping…")
+        stack.stop()
+
+
+@main.command()
+@click.option("--port", type=int, default=None)
+@click.option("--threads", type=int, default=32)
+def api(port: int | None, threads: int) -> None:
+    """Serve the HTTP API with gunicorn."""
+    from api.stack import api_command
+
+    st = _settings()
+    cmd = api_command(st.api_host, port or st.api_port, threads)
+    os.execv(cmd[0], cmd)
+
+
+@main.command()
+@click.option("--lanes", default="realtime,batch", show_default=True,
+              help="comma-separated: realtime, batch, flex, control")
+@click.option("--name", default=None, help="worker name (default: the lanes)")
+def worker(lanes: str, name: str | None) -> None:
+    """Run a Celery worker for the given lanes (one process per accelerator)."""
+    from api.stack import worker_command
+
+    os.environ["INFERQ_LANES"] = lanes
+    cmd = worker_command(lanes, name or lanes.replace(",", "-"))
+    os.execv(cmd[0], cmd)
+
+
+@main.command()
+def migrate() -> None:
+    """Apply database migrations (alembic upgrade head)."""
+    from storage.db import migrate as run
+
+    run(_settings().database_url)
+    click.echo("database is at the latest revision")
+
+
+@main.command("create-key")
+@click.argument("tenant")
+def create_key(tenant: str) -> None:
+    """Create a tenant (if new) and print a new API key for it."""
+    from jobs import service
+    from jobs.context import Context
+
+    _, key = service.create_tenant(Context(_settings()), tenant)
+    click.echo(key)
+
+
+# Client commands ----------------------------------------------------------------------
+
+
+def _client(api_url: str | None, api_key: str | None) -> Any:
+    from openai import OpenAI
+
+    st = _settings()
+    key = api_key or _read(st.data_dir / "dev-api-key")
+    if not key:
+        raise click.UsageError("no API key: pass --api-key or set INFERQ_API_KEY")
+    return OpenAI(base_url=api_url or f"http://127.0.0.1:{st.api_port}/v1", api_key=key)
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+client_opts = [
+    click.option("--api-url", envvar="INFERQ_API_URL", default=None, help="…/v1 base URL"),
+    click.option("--api-key", envvar="INFERQ_API_KEY", default=None),
+]
+
+
+def with_client(f: Any) -> Any:
+    for opt in reversed(client_opts):
+        f = opt(f)
+    return f
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--endpoint", default="/v1/embeddings", show_default=True)
+@click.option("--model", default=None, help="model for Parquet inputs")
+@click.option("--wait/--no-wait", default=False, help="follow progress until done")
+@with_client
+def submit(path: Path, endpoint: str, model: str | None, wait: bool, api_url: str | None,
+           api_key: str | None) -> None:
+    """Upload PATH (JSONL or Parquet) and create a batch."""
+    from api.client import follow
+
+    client = _client(api_url, api_key)
+    with path.open("rb") as fh:
+        f = client.files.create(file=(path.name, fh), purpose="batch")
+    extra = {"body": {"model": model}} if model else None
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
+                              extra_body=extra)
+    click.echo(b.id)
+    if wait:
+        b = follow(client, b.id)
+        click.echo(f"{b.id}: {b.status} ({b.request_counts.completed} completed, "
+                   f"{b.request_counts.failed} failed)")
+        sys.exit(0 if b.status == "completed" else 1)
+
+
+@main.command()
+@click.argument("batch_id")
+@with_client
+def status(batch_id: str, api_url: str | None, api_key: str | None) -> None:
+    """Show a batch."""
+    b = _client(api_url, api_key).batches.retrieve(batch_id)
+    click.echo(b.model_dump_json(indent=2))
+
+
+@main.command()
+@click.argument("batch_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the error file here")
+@with_client
+def results(batch_id: str, output: Path, errors: Path | None, api_url: str | None,
+            api_key: str | None) -> None:
+    """Download a batch's output (and error) file."""
+    client = _client(api_url, api_key)
+    b = client.batches.retrieve(batch_id)
+    if b.output_file_id is None and b.error_file_id is None:
+        raise click.ClickException(f"batch {batch_id} has no results yet (status {b.status})")
+    for file_id, dest in ((b.output_file_id, output), (b.error_file_id, errors)):
+        if file_id and dest:
+            client.files.content(file_id).write_to_file(dest)
+            click.echo(f"wrote {dest}")

@@ -1,0 +1,1 @@
+"""Benchmarks and the demo: workloads from fixed seeds, tables printed, JSON written."""

@@ -1,0 +1,1 @@
+"""inferq's domain: settings, schema, lifecycle, use cases. No Flask, no torch."""

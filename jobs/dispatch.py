@@ -1,0 +1,79 @@
+"""The only place that sends Celery messages, and the queue/lane layout.
+
+The API and the control tasks send by task name, so they never import the
+workers (and torch). Sends happen after the DB commit that makes them valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from jobs.settings import Settings
+
+QUEUES = ("control", "batch", "flex")
+TASK_VALIDATE = "inferq.validate_batch"
+TASK_SHARD = "inferq.process_shard"
+TASK_FINALIZE = "inferq.finalize_batch"
+
+
+def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
+    """Settings for long, redeliverable shard tasks (see docs/RELIABILITY.md)."""
+    visibility = settings.lease_seconds * 4 + 100  # longer than any shard + kombu's restore sweep
+    transport = {"visibility_timeout": visibility}
+    return {
+        "broker_url": redis_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": visibility,
+        # Status lives in PostgreSQL; Celery results are never read.
+        "task_ignore_result": True,
+        # Ack after the task returns; requeue if the pool child dies.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # One shard at a time per worker process, nothing reserved behind it.
+        "worker_prefetch_multiplier": 1,
+        # A broker reconnect would otherwise run acks_late tasks twice.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
+        "task_default_queue": "control",
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
+        # Model loading happens in the pool child before it takes work.
+        "worker_proc_alive_timeout": 300,
+    }
+
+
+def broker_url(redis_url: str) -> str:
+    """kombu spells unix sockets ``redis+socket://``."""
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url[len("unix://"):]
+    return redis_url
+
+
+def make_celery(settings: Settings, name: str = "inferq") -> Celery:
+    app = Celery(name)
+    app.conf.update(celery_config(settings, broker_url(settings.redis_url)))
+    return app
+
+
+class Dispatcher:
+    """Sends work by task name onto the lane queues."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def validate(self, batch_id: str) -> None:
+        self.app.send_task(TASK_VALIDATE, args=[batch_id], queue="control")
+
+    def shards(self, shard_ids: list[str], tier: str) -> None:
+        queue = "flex" if tier == "flex" else "batch"
+        for sid in shard_ids:
+            self.app.send_task(TASK_SHARD, args=[sid], queue=queue)
+
+    def finalize(self, batch_id: str) -> None:
+        self.app.send_task(TASK_FINALIZE, args=[batch_id], queue="control")

@@ -1,0 +1,97 @@
+"""Finalize: assemble a batch's committed output parts into its output and error files.
+
+Only parts a checkpoint committed are read (orphans of interrupted chunks are
+ignored), so the files hold each request exactly once. Requests a stopped
+shard never reached get an error line (``batch_cancelled`` or the shard's
+failure). Safe to run twice: it locks the batch row and no-ops once terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+from sqlalchemy.orm import Session
+
+from jobs import repository as repo
+from jobs.context import Context
+from jobs.models import Batch, File, Shard, new_id, now
+from jobs.status import TERMINAL, BatchStatus, ShardStatus
+from storage import keys
+from storage.objects import CHUNK, ConcatReader, ObjectNotFound, ObjectStore
+from storage.parquet import read_rows
+
+
+def finalize_batch(ctx: Context, batch_id: str) -> None:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is None or b.status in TERMINAL:
+            return
+        if repo.unfinished_shards(s, batch_id):
+            return  # the last shard to finish sends finalize again
+        cancelling = b.status == BatchStatus.CANCELLING
+        if not cancelling:
+            b.status, b.finalizing_at = BatchStatus.FINALIZING, b.finalizing_at or now()
+        shards = repo.shards_of(s, batch_id)
+        reason = "batch_cancelled" if cancelling else "batch_failed"
+        out = _write(ctx.store, keys.batch_prefix(batch_id) + "output.jsonl",
+                     _parts(ctx.store, b, shards, "ok"))
+        err = _write(ctx.store, keys.batch_prefix(batch_id) + "errors.jsonl",
+                     _error_blocks(ctx.store, b, shards, reason))
+        b.output_file_id = _output_file(s, b, "output", out)
+        b.error_file_id = _output_file(s, b, "error", err)
+        b.prompt_tokens = sum(sh.prompt_tokens for sh in shards)
+        if cancelling:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+        else:
+            b.status, b.completed_at = BatchStatus.COMPLETED, now()
+
+
+def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, int]:
+    size = store.put_stream(key, ConcatReader(blocks))  # type: ignore[arg-type]
+    return key, size
+
+
+def _output_file(s: Session, b: Batch, kind: str, written: tuple[str, int]) -> str | None:
+    key, size = written
+    if size == 0:
+        return None
+    f = File(id=new_id("file-"), tenant_id=b.tenant_id, filename=f"{b.id}_{kind}.jsonl",
+             purpose="batch_output", format="jsonl", bytes=size, object_key=key,
+             created_at=now())
+    s.add(f)
+    return f.id
+
+
+def _parts(store: ObjectStore, b: Batch, shards: list[Shard], kind: str) -> Iterator[bytes]:
+    for sh in shards:
+        for chunk in range(sh.chunks_done):
+            try:
+                yield from store.iter_chunks(keys.output_part(b.id, sh.index, chunk, kind), CHUNK)
+            except ObjectNotFound:
+                continue
+
+
+def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
+                  ) -> Iterator[bytes]:
+    try:
+        yield from store.iter_chunks(keys.validation_errors(b.id))
+    except ObjectNotFound:
+        pass
+    yield from _parts(store, b, shards, "err")
+    for sh in shards:
+        if sh.status == ShardStatus.DONE or sh.rows_done >= sh.rows:
+            continue
+        code, message = ((reason, "the batch was cancelled before this request ran")
+                         if sh.status == ShardStatus.CANCELLED else
+                         ("shard_failed", sh.error or "the request could not be processed"))
+        with store.open(sh.object_key) as f:
+            import io
+
+            rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
+        yield b"".join(_unrun_line(r["custom_id"], code, message) for r in rows)
+
+
+def _unrun_line(custom_id: str, code: str, message: str) -> bytes:
+    return orjson.dumps({"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
+                         "error": {"code": code, "message": message}}) + b"\n"

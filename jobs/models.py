@@ -1,0 +1,146 @@
+"""SQLAlchemy schema. Columns are NOT NULL unless stated; times are UTC epoch seconds
+where the API exposes them, so no conversion happens on the hot read path."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered ids: sorting by id is sorting by creation (used for paging)."""
+    return f"{prefix}{time.time_ns() // 1000:014x}{os.urandom(6).hex()}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class File(Base):
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    format: Mapped[str] = mapped_column(String(16))  # jsonl | parquet
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    service_tier: Mapped[str] = mapped_column(String(16), default="default")
+    status: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    defaults: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
+    errors: Mapped[list[Any] | None] = mapped_column(JSONB, nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    # Requests rejected at validation (per-request body errors); the rest is
+    # counted per shard and summed on read.
+    invalid: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finalizing_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    failed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expired_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelling_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_batches_tenant_id_id", "tenant_id", "id"),
+        Index("ix_batches_status", "status"),
+    )
+
+
+class Shard(Base):
+    """A slice of a batch's requests, stored as one Parquet object.
+
+    Claimed under a lease; ``lease_token`` fences every checkpoint so a worker
+    whose lease was taken over can no longer write. ``chunks_done`` is the
+    checkpoint: output parts ``0..chunks_done-1`` are committed.
+    """
+
+    __tablename__ = "shards"
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    rows: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    rows_done: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[float] = mapped_column(default=time.time)
+
+    __table_args__ = (
+        UniqueConstraint("batch_id", "index", name="uq_shards_batch_index"),
+        Index("ix_shards_status_lease", "status", "lease_expires_at"),
+    )
+
+
+class Model(Base):
+    __tablename__ = "models"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # public name
+    version: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))  # embeddings | chat
+    uri: Mapped[str] = mapped_column(String(1024))
+    owned_by: Mapped[str] = mapped_column(String(64), default="inferq")
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)

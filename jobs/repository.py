@@ -1,0 +1,114 @@
+"""Queries over the schema. Functions take a Session and never commit: the
+caller's unit of work decides. Conditional updates here are what make shard
+execution safe under redelivery (see docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from jobs.models import ApiKey, Batch, File, Shard
+from jobs.status import SHARD_FINISHED, ShardStatus
+
+
+def tenant_for_key_hash(s: Session, key_hash: str) -> str | None:
+    return s.scalar(select(ApiKey.tenant_id).where(ApiKey.key_hash == key_hash,
+                                                   ApiKey.revoked_at.is_(None)))
+
+
+def get_file(s: Session, tenant_id: str, file_id: str) -> File | None:
+    return s.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant_id,
+                                       File.deleted.is_(False)))
+
+
+def get_batch(s: Session, tenant_id: str | None, batch_id: str, lock: bool = False) -> Batch | None:
+    q = select(Batch).where(Batch.id == batch_id)
+    if tenant_id is not None:
+        q = q.where(Batch.tenant_id == tenant_id)
+    if lock:
+        q = q.with_for_update()
+    return s.scalar(q)
+
+
+def page(s: Session, model: type[Batch] | type[File], tenant_id: str, after: str | None,
+         limit: int, extra: list[Any] | None = None) -> tuple[list[Any], bool]:
+    """Newest first; ids are time-ordered so ``after`` is a plain id comparison."""
+    q = select(model).where(model.tenant_id == tenant_id, *(extra or []))
+    if after:
+        q = q.where(model.id < after)
+    rows = list(s.scalars(q.order_by(model.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def shard_sums(s: Session, batch_ids: list[str]) -> dict[str, tuple[int, int, int]]:
+    """(completed, failed, prompt_tokens) per batch, summed over its shards."""
+    if not batch_ids:
+        return {}
+    q = (select(Shard.batch_id, func.sum(Shard.completed), func.sum(Shard.failed),
+                func.sum(Shard.prompt_tokens))
+         .where(Shard.batch_id.in_(batch_ids)).group_by(Shard.batch_id))
+    return {b: (int(c or 0), int(f or 0), int(t or 0)) for b, c, f, t in s.execute(q)}
+
+
+def claim_shard(s: Session, shard_id: str, token: str, worker: str, ttl_s: float) -> Shard | None:
+    """Take the shard's lease if it is free (never held, or expired) and not finished.
+
+    Returns None for a duplicate delivery of a shard someone else holds or finished.
+    """
+    now = time.time()
+    return s.scalar(
+        update(Shard)
+        .where(Shard.id == shard_id, Shard.status.not_in(SHARD_FINISHED),
+               (Shard.lease_expires_at.is_(None)) | (Shard.lease_expires_at < now))
+        .values(attempt=Shard.attempt + 1, lease_token=token, lease_expires_at=now + ttl_s,
+                worker=worker, status=ShardStatus.RUNNING, updated_at=now)
+        .returning(Shard)
+    )
+
+
+def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: int,
+               completed: int, failed: int, tokens: int, ttl_s: float) -> bool:
+    """Record one more committed chunk and renew the lease; False if fenced off."""
+    now = time.time()
+    res = s.execute(
+        update(Shard)
+        .where(Shard.id == shard_id, Shard.lease_token == token,
+               Shard.chunks_done == chunks_done - 1)
+        .values(chunks_done=chunks_done, rows_done=Shard.rows_done + rows,
+                completed=Shard.completed + completed, failed=Shard.failed + failed,
+                prompt_tokens=Shard.prompt_tokens + tokens, lease_expires_at=now + ttl_s,
+                updated_at=now)
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def release_shard(s: Session, shard_id: str, token: str, status: ShardStatus,
+                  error: str | None = None) -> bool:
+    """End this holder's lease with a final (or, for QUEUED, handed-back) status."""
+    res = s.execute(
+        update(Shard).where(Shard.id == shard_id, Shard.lease_token == token)
+        .values(status=status, error=error, lease_token=None, lease_expires_at=None,
+                updated_at=time.time())
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def unfinished_shards(s: Session, batch_id: str) -> int:
+    return int(s.scalar(select(func.count()).select_from(Shard).where(
+        Shard.batch_id == batch_id, Shard.status.not_in(SHARD_FINISHED))) or 0)
+
+
+def cancel_queued_shards(s: Session, batch_id: str) -> None:
+    s.execute(update(Shard).where(Shard.batch_id == batch_id, Shard.status == ShardStatus.QUEUED)
+              .values(status=ShardStatus.CANCELLED, updated_at=time.time()))
+
+
+def shards_of(s: Session, batch_id: str) -> list[Shard]:
+    return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id).order_by(Shard.index)))
+
+
+def batch_status(s: Session, batch_id: str) -> str | None:
+    return s.scalar(select(Batch.status).where(Batch.id == batch_id))

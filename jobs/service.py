@@ -1,0 +1,245 @@
+"""Use cases behind the HTTP API and the control tasks: validate everything,
+write once, commit, and only then send the messages the commit made valid."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import IO
+
+from sqlalchemy import select
+
+from jobs import repository as repo
+from jobs.context import Context
+from jobs.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from jobs.models import ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
+from jobs.requests import MODELS, BatchCreate
+from jobs.sharding import validate_and_shard
+from jobs.status import BatchStatus
+from storage import keys
+from storage.parquet import is_parquet
+
+UPLOAD_PURPOSES = ("batch",)
+WINDOW_SECONDS = {"24h": 24 * 3600}
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_tenant(ctx: Context, name: str) -> tuple[str, str]:
+    """A tenant and its first API key; returns (tenant_id, key). The key is shown once."""
+    key = "iq-" + secrets.token_urlsafe(32)
+    with ctx.db.session() as s:
+        tenant = s.scalar(select(Tenant).where(Tenant.name == name))
+        if tenant is None:
+            tenant = Tenant(id=new_id("tnt_"), name=name)
+            s.add(tenant)
+            s.flush()
+        s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
+                     prefix=key[:10]))
+        return tenant.id, key
+
+
+def ensure_key(ctx: Context, tenant_name: str, key: str) -> str:
+    """Make ``key`` valid for the tenant (idempotent); used for the dev key of ``inferq up``."""
+    with ctx.db.session() as s:
+        if (tid := repo.tenant_for_key_hash(s, hash_key(key))) is not None:
+            return tid
+        tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
+        if tenant is None:
+            tenant = Tenant(id=new_id("tnt_"), name=tenant_name)
+            s.add(tenant)
+            s.flush()
+        s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
+                     prefix=key[:10]))
+        return tenant.id
+
+
+def authenticate(ctx: Context, key: str | None) -> str:
+    if not key:
+        raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+    with ctx.db.session() as s:
+        tenant_id = repo.tenant_for_key_hash(s, hash_key(key))
+    if tenant_id is None:
+        raise Unauthorized("Incorrect API key provided")
+    return tenant_id
+
+
+def register_builtin_models(ctx: Context) -> None:
+    with ctx.db.session() as s:
+        for name, kind in MODELS.items():
+            if s.get(Model, name) is None:
+                s.add(Model(id=name, version="1", kind=kind, uri=f"builtin://{name}"))
+
+
+def list_models(ctx: Context) -> list[Model]:
+    with ctx.db.session() as s:
+        return list(s.scalars(select(Model).order_by(Model.id)))
+
+
+# Files ---------------------------------------------------------------------------------
+
+
+def create_file(ctx: Context, tenant_id: str, filename: str, purpose: str,
+                stream: IO[bytes]) -> File:
+    """Stream an upload into the object store and record it."""
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(f"purpose must be one of: {', '.join(UPLOAD_PURPOSES)}",
+                             param="purpose")
+    head = stream.read(4)
+    if not head:
+        raise InvalidRequest("the uploaded file is empty", param="file", code="empty_file")
+    stream.seek(0)
+    file_id = new_id("file-")
+    key = keys.file_object(file_id)
+    size = ctx.store.put_stream(key, stream)
+    f = File(id=file_id, tenant_id=tenant_id, filename=filename[:512] or "upload",
+             purpose=purpose, format="parquet" if is_parquet(head) else "jsonl", bytes=size,
+             object_key=key, created_at=now())
+    with ctx.db.session() as s:
+        s.add(f)
+    return f
+
+
+def get_file(ctx: Context, tenant_id: str, file_id: str) -> File:
+    with ctx.db.session() as s:
+        f = repo.get_file(s, tenant_id, file_id)
+    if f is None:
+        raise NotFound(f"No such File object: {file_id}", param="file_id")
+    return f
+
+
+def list_files(ctx: Context, tenant_id: str, after: str | None, limit: int,
+               purpose: str | None) -> tuple[list[File], bool]:
+    extra = [File.deleted.is_(False)] + ([File.purpose == purpose] if purpose else [])
+    with ctx.db.session() as s:
+        return repo.page(s, File, tenant_id, after, limit, extra)
+
+
+def delete_file(ctx: Context, tenant_id: str, file_id: str) -> None:
+    with ctx.db.session() as s:
+        f = repo.get_file(s, tenant_id, file_id)
+        if f is None:
+            raise NotFound(f"No such File object: {file_id}", param="file_id")
+        f.deleted = True
+        key = f.object_key
+    ctx.store.delete(key)
+
+
+def open_file_content(ctx: Context, tenant_id: str, file_id: str) -> tuple[File, IO[bytes]]:
+    f = get_file(ctx, tenant_id, file_id)
+    return f, ctx.store.open(f.object_key)
+
+
+# Batches -------------------------------------------------------------------------------
+
+
+def create_batch(ctx: Context, tenant_id: str, req: BatchCreate) -> Batch:
+    with ctx.db.session() as s:
+        f = repo.get_file(s, tenant_id, req.input_file_id)
+        if f is None:
+            raise NotFound(f"No such File object: {req.input_file_id}", param="input_file_id")
+        if f.purpose != "batch":
+            raise InvalidRequest(f"file {f.id} has purpose {f.purpose!r}; a batch input needs "
+                                 "purpose 'batch'", param="input_file_id")
+        if "model" in req.body and req.body["model"] not in MODELS:
+            raise InvalidRequest(f"The model '{req.body['model']}' does not exist",
+                                 param="body.model", code="model_not_found")
+        created = now()
+        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint=req.endpoint,
+                  input_file_id=f.id, completion_window=req.completion_window,
+                  service_tier="flex" if req.service_tier == "flex" else "default",
+                  status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
+                  created_at=created, expires_at=created + WINDOW_SECONDS[req.completion_window])
+        s.add(b)
+    ctx.dispatcher.validate(b.id)
+    return b
+
+
+def get_batch(ctx: Context, tenant_id: str, batch_id: str) -> tuple[Batch, tuple[int, int, int]]:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, tenant_id, batch_id)
+        if b is None:
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        return b, repo.shard_sums(s, [b.id]).get(b.id, (0, 0, 0))
+
+
+def list_batches(ctx: Context, tenant_id: str, after: str | None, limit: int
+                 ) -> tuple[list[tuple[Batch, tuple[int, int, int]]], bool]:
+    with ctx.db.session() as s:
+        rows, more = repo.page(s, Batch, tenant_id, after, limit)
+        sums = repo.shard_sums(s, [b.id for b in rows])
+    return [(b, sums.get(b.id, (0, 0, 0))) for b in rows], more
+
+
+def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
+    finalize = False
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, tenant_id, batch_id, lock=True)
+        if b is None:
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        if b.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return b
+        if b.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+            raise Conflict(f"Cannot cancel a batch with status {b.status!r}", param="batch_id")
+        was = b.status
+        b.status, b.cancelling_at = BatchStatus.CANCELLING, now()
+        if was == BatchStatus.IN_PROGRESS:
+            repo.cancel_queued_shards(s, b.id)
+            s.flush()
+            finalize = repo.unfinished_shards(s, b.id) == 0
+    if finalize:
+        ctx.dispatcher.finalize(batch_id)
+    return b
+
+
+# Control: validation and sharding ---------------------------------------------------------
+
+
+def validate_batch(ctx: Context, batch_id: str) -> None:
+    """Control task body: validate + shard the input, then queue the shards."""
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id)
+        if b is None or b.status != BatchStatus.VALIDATING:
+            if b is not None and b.status == BatchStatus.CANCELLING:
+                _mark_cancelled_before_start(ctx, batch_id)
+            return
+        f = s.get(File, b.input_file_id)
+        assert f is not None
+        endpoint, defaults, file_key, fmt = b.endpoint, dict(b.defaults), f.object_key, f.format
+    st = ctx.settings
+    plan = validate_and_shard(
+        ctx.store, batch_id=batch_id, file_key=file_key, file_format=fmt, endpoint=endpoint,
+        defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
+        max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch)
+    shard_ids: list[str] = []
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        assert b is not None
+        if b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+            return
+        if plan.errors:
+            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), plan.errors
+            return
+        b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
+        b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
+        for index, rows in enumerate(plan.shards):
+            sid = f"{batch_id}.{index:06d}"
+            s.add(Shard(id=sid, batch_id=batch_id, index=index, rows=rows,
+                        object_key=keys.shard_input(batch_id, index)))
+            shard_ids.append(sid)
+        tier = b.service_tier
+    if shard_ids:
+        ctx.dispatcher.shards(shard_ids, tier)
+    else:
+        ctx.dispatcher.finalize(batch_id)
+
+
+def _mark_cancelled_before_start(ctx: Context, batch_id: str) -> None:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is not None and b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()

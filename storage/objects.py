@@ -1,0 +1,280 @@
+"""One object-store interface with two implementations: S3 (boto3) and a local directory.
+
+Writes take a readable binary stream and never hold a whole object in memory
+(S3 uses multipart uploads above ``multipart_threshold``); reads are streamed.
+A write is atomic: readers see the old object or the new one, never a part.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+CHUNK = 1024 * 1024
+
+
+class ObjectNotFound(KeyError):
+    pass
+
+
+class ObjectStore(ABC):
+    @abstractmethod
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        """Store everything read from ``stream`` under ``key``; returns the byte count."""
+
+    @abstractmethod
+    def open(self, key: str) -> IO[bytes]:
+        """A streamed reader of the object (close it when done)."""
+
+    @abstractmethod
+    def size(self, key: str) -> int: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]: ...
+
+    def put_bytes(self, key: str, data: bytes) -> int:
+        import io
+
+        return self.put_stream(key, io.BytesIO(data))
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.open(key) as f:
+            return f.read()
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        with self.open(key) as f:
+            while block := f.read(chunk_size):
+                yield block
+
+    def download(self, key: str, path: Path) -> None:
+        with self.open(key) as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK)
+
+    def delete_prefix(self, prefix: str) -> None:
+        for key in self.list(prefix):
+            self.delete(key)
+
+
+class LocalStore(ObjectStore):
+    """A directory; writes go to a temp file in the same directory, then rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        p = (self.root / key).resolve()
+        if self.root.resolve() not in p.parents:
+            raise ValueError(f"invalid object key {key!r}")
+        return p
+
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(stream, out, CHUNK)
+                n = out.tell()
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return n
+
+    def open(self, key: str) -> IO[bytes]:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError as e:
+            raise ObjectNotFound(key) from e
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError as e:
+            raise ObjectNotFound(key) from e
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root.resolve()
+        out = []
+        for p in base.rglob("*"):
+            if p.is_file() and not p.name.startswith(".tmp-"):
+                rel = p.relative_to(base).as_posix()
+                if rel.startswith(prefix):
+                    out.append(rel)
+        return sorted(out)
+
+
+def _transient(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, ConnectionError | HTTPClientError):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or status == 429
+    return False
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    wait=wait_random_exponential(multiplier=0.2, max=5),
+    stop=stop_after_attempt(5),
+    reraise=True,
+)
+
+
+class S3Store(ObjectStore):
+    """``s3://bucket/prefix``; the endpoint comes from ``AWS_ENDPOINT_URL`` or ``endpoint_url``."""
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
+                 client: Any = None, multipart_threshold: int = 64 * CHUNK) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.client = client or boto3.client(
+            "s3", endpoint_url=endpoint_url,
+            config=Config(retries={"mode": "standard", "max_attempts": 5},
+                          connect_timeout=10, read_timeout=60),
+        )
+        self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
+                                       multipart_chunksize=max(8 * CHUNK, multipart_threshold // 8),
+                                       max_concurrency=4)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    @_retry
+    def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        counter = _CountingReader(stream)
+        self.client.upload_fileobj(counter, self.bucket, self._key(key), Config=self.transfer)
+        return counter.count
+
+    @_retry
+    def open(self, key: str) -> IO[bytes]:
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectNotFound(key) from e
+            raise
+        return obj["Body"]
+
+    @_retry
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(key) from e
+            raise
+        return int(head["ContentLength"])
+
+    @_retry
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    @_retry
+    def list(self, prefix: str) -> list[str]:
+        out: list[str] = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(prefix))
+        for page in pages:
+            out.extend(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
+        return sorted(out)
+
+
+class _CountingReader:
+    """Wraps a stream so the byte count is known after a streamed upload."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n)
+        self.count += len(data)
+        return data
+
+
+def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+    """``file:///path`` or ``s3://bucket/prefix``."""
+    u = urlparse(url)
+    if u.scheme == "file":
+        return LocalStore(Path(u.path))
+    if u.scheme == "s3":
+        return S3Store(u.netloc, u.path, endpoint_url=endpoint_url)
+    raise ValueError(f"unsupported object store URL {url!r} (use file:// or s3://)")
+
+
+class _RawAdapter(io.RawIOBase):
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.stream.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+def buffered(stream: IO[bytes], size: int = CHUNK) -> io.BufferedReader:
+    """A buffered reader (readline with a limit) over any ``read(n)`` stream."""
+    return io.BufferedReader(_RawAdapter(stream), size)
+
+
+class ConcatReader(io.RawIOBase):
+    """Reads a sequence of byte blocks as one stream (streamed concatenation)."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self.blocks = blocks
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self.buf:
+            nxt = next(self.blocks, None)
+            if nxt is None:
+                return 0
+            self.buf = nxt
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n

@@ -1,0 +1,1 @@
+"""Celery workers: models resident, an engine thread that batches all pending work."""

@@ -1,0 +1,133 @@
+"""The engine: one thread owns the model and runs micro-batches from all pending work.
+
+Work arrives from any thread (shard pipelines, the realtime consumer) as items
+with a priority; each step the engine takes the most urgent priority class,
+plans micro-batches over everything pending in it (so items from concurrent
+sources share a batch), and runs the one holding the oldest item.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from workers.batching import BatchPolicy
+
+REALTIME, JOBS, BATCH, FLEX = 0, 1, 2, 3
+PRIORITY_BY_TIER = {"default": BATCH, "flex": FLEX}
+
+
+class Model(Protocol):
+    def embed(self, batch: list[list[int]]) -> np.ndarray: ...
+
+
+@dataclass
+class _Item:
+    seq: int
+    tokens: list[int]
+    future: Future[np.ndarray]
+
+
+@dataclass
+class EngineStats:
+    batches: int = 0
+    rows: int = 0
+    real_tokens: int = 0
+    computed_tokens: int = 0
+    busy_s: float = 0.0
+    by_priority: dict[int, int] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, model: Model, policy: BatchPolicy,
+                 on_batch: Any = None) -> None:
+        self.model = model
+        self.policy = policy
+        self.on_batch = on_batch  # callback(rows, real, computed, seconds) for metrics
+        self.stats = EngineStats()
+        self._pending: dict[int, list[_Item]] = {}
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="inferq-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, token_lists: list[list[int]], priority: int) -> list[Future[np.ndarray]]:
+        """Queue rows; each future resolves to that row's vector (or its exception)."""
+        items = [_Item(next(self._seq), t, Future()) for t in token_lists]
+        with self._cond:
+            self._pending.setdefault(priority, []).extend(items)
+            self._cond.notify()
+        return [it.future for it in items]
+
+    def pending(self) -> int:
+        with self._cond:
+            return sum(len(v) for v in self._pending.values())
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    def _next_batch(self) -> tuple[int, list[_Item]] | None:
+        """Called by the engine loop each step, under the lock."""
+        prio = min((p for p, v in self._pending.items() if v), default=None)
+        if prio is None:
+            return None
+        items = self._pending[prio]
+        plan = self.policy.plan([len(it.tokens) for it in items])
+        oldest = min(range(len(items)), key=lambda i: items[i].seq)
+        chosen = next(b for b in plan if oldest in b)
+        taken = set(chosen)
+        self._pending[prio] = [it for i, it in enumerate(items) if i not in taken]
+        return prio, [items[i] for i in chosen]
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not any(self._pending.values()):
+                    self._cond.wait()
+                if self._stop:
+                    return
+                nxt = self._next_batch()
+            if nxt is not None:
+                self._run(*nxt)
+
+    def _run(self, prio: int, items: list[_Item]) -> None:
+        live = [it for it in items if it.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        batch = [it.tokens for it in live]
+        t0 = time.perf_counter()
+        try:
+            out = self.model.embed(batch)
+        except Exception as e:  # a batch failure is delivered to every member
+            for it in live:
+                it.future.set_exception(e)
+            return
+        dt = time.perf_counter() - t0
+        if len(out) != len(live):
+            err = RuntimeError(f"model returned {len(out)} rows for {len(live)} inputs")
+            for it in live:
+                it.future.set_exception(err)
+            return
+        real = sum(len(b) for b in batch)
+        computed = max(len(b) for b in batch) * len(batch)
+        st = self.stats
+        st.batches += 1
+        st.rows += len(live)
+        st.real_tokens += real
+        st.computed_tokens += computed
+        st.busy_s += dt
+        st.by_priority[prio] = st.by_priority.get(prio, 0) + len(live)
+        if self.on_batch is not None:
+            self.on_batch(len(live), real, computed, dt)
+        for it, vec in zip(live, out, strict=True):
+            it.future.set_result(vec)

@@ -1,0 +1,1 @@
+"""Model loaders: turn a public model id into a resident, callable model."""
