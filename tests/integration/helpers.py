@@ -1,0 +1,39 @@
+"""Shared helpers for end-to-end tests."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def emb_line(i: int | str, text: str, model: str = "all-MiniLM-L6-v2",
+             url: str = "/v1/embeddings") -> dict[str, Any]:
+    return {"custom_id": f"req-{i}", "method": "POST", "url": url,
+            "body": {"model": model, "input": text}}
+
+
+def upload(sdk: Any, data: bytes, name: str = "input.jsonl") -> Any:
+    return sdk.files.create(file=(name, io.BytesIO(data)), purpose="batch")
+
+
+def wait(sdk: Any, batch_id: str, timeout: float = 300,
+         until: tuple[str, ...] = ("completed", "failed", "cancelled", "expired")) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = sdk.batches.retrieve(batch_id)
+        if b.status in until:
+            return b
+        time.sleep(0.3)
+    raise TimeoutError(f"batch {batch_id} still {b.status} after {timeout}s")
+
+
+def lines(sdk: Any, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in sdk.files.content(file_id).read().splitlines() if x]

@@ -1,0 +1,173 @@
+"""The main job end to end: the openai SDK (strict validation) against the real API,
+a real Celery control worker and model worker, PostgreSQL, Redis and moto's S3."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["a cat sits on the mat", "a kitten rests on a rug", "the stock market fell"]
+
+
+def test_batch_roundtrip_with_openai_sdk(sdk) -> None:  # type: ignore[no-untyped-def]
+    rows = [emb_line(i, s) for i, s in enumerate(SENTENCES)]
+    rows += [emb_line(i, f"filler text number {i} " * (1 + i % 17)) for i in range(3, 1000)]
+    f = upload(sdk, jsonl(rows))
+    assert f.purpose == "batch" and f.bytes > 0
+    b = sdk.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                           completion_window="24h", metadata={"team": "search"})
+    assert b.status == "validating"
+    b = wait(sdk, b.id)
+    assert b.status == "completed", b
+    assert b.request_counts is not None
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == \
+        (1000, 1000, 0)
+    assert b.metadata == {"team": "search"} and b.error_file_id is None
+    out = lines(sdk, b.output_file_id)
+    counts = Counter(line["custom_id"] for line in out)
+    assert set(counts) == {r["custom_id"] for r in rows} and set(counts.values()) == {1}
+    by_id = {line["custom_id"]: line for line in out}
+    first = by_id["req-0"]
+    assert first["error"] is None and first["response"]["status_code"] == 200
+    body = first["response"]["body"]
+    assert body["object"] == "list" and body["model"] == "all-MiniLM-L6-v2"
+    assert body["usage"]["prompt_tokens"] > 0
+    vec = {i: np.array(by_id[f"req-{i}"]["response"]["body"]["data"][0]["embedding"])
+           for i in range(3)}
+    assert all(v.shape == (384,) for v in vec.values())
+    assert float(vec[0] @ vec[1]) > float(vec[0] @ vec[2]) + 0.2
+
+
+def test_sync_embeddings_float_and_base64(sdk) -> None:  # type: ignore[no-untyped-def]
+    r = sdk.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES,
+                              encoding_format="float")
+    assert [d.index for d in r.data] == [0, 1, 2] and len(r.data[0].embedding) == 384
+    assert r.usage.prompt_tokens > 0
+    # By default the SDK asks for base64 and decodes it itself. Its strict mode validates
+    # before decoding (and would reject the hosted API alike), so this call is not strict.
+    from openai import OpenAI
+
+    lenient = OpenAI(base_url=str(sdk.base_url), api_key=sdk.api_key, max_retries=0)
+    r64 = lenient.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES)
+    v = np.array([d.embedding for d in r64.data])
+    assert np.allclose(v, np.array([d.embedding for d in r.data]), atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2]
+    raw = sdk.embeddings.with_raw_response.create(model="all-MiniLM-L6-v2", input="x",
+                                                  encoding_format="base64").http_response.json()
+    assert len(base64.b64decode(raw["data"][0]["embedding"])) == 384 * 4
+    short = sdk.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=64,
+                                  encoding_format="float")
+    assert len(short.data[0].embedding) == 64
+    assert abs(np.linalg.norm(short.data[0].embedding) - 1) < 1e-4
+
+
+def test_parquet_dataset_input(sdk) -> None:  # type: ignore[no-untyped-def]
+    table = pa.table({"custom_id": [f"p{i}" for i in range(50)],
+                      "input": [f"row {i} about cats" for i in range(50)]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    f = upload(sdk, buf.getvalue(), "data.parquet")
+    b = sdk.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                           completion_window="24h",
+                           extra_body={"body": {"model": "all-MiniLM-L6-v2"}})
+    b = wait(sdk, b.id)
+    assert b.status == "completed", b
+    assert sorted(x["custom_id"] for x in lines(sdk, b.output_file_id)) == \
+        sorted(f"p{i}" for i in range(50))
+
+
+def test_per_request_errors_go_to_error_file(sdk) -> None:  # type: ignore[no-untyped-def]
+    rows = [emb_line(i, f"good {i}") for i in range(20)]
+    rows.append({"custom_id": "bad-empty", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": "all-MiniLM-L6-v2", "input": ""}})
+    rows.append({"custom_id": "bad-type", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": "all-MiniLM-L6-v2", "input": {"x": 1}}})
+    b = sdk.batches.create(input_file_id=upload(sdk, jsonl(rows)).id,
+                           endpoint="/v1/embeddings", completion_window="24h")
+    b = wait(sdk, b.id)
+    assert b.status == "completed"
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == \
+        (22, 20, 2)
+    errs = {x["custom_id"]: x for x in lines(sdk, b.error_file_id)}
+    assert set(errs) == {"bad-empty", "bad-type"}
+    assert errs["bad-empty"]["response"]["status_code"] == 400
+    assert errs["bad-empty"]["response"]["body"]["error"]["message"]
+    assert len(lines(sdk, b.output_file_id)) == 20
+
+
+@pytest.mark.parametrize("case", ["malformed", "duplicate", "wrong_url", "unknown_model",
+                                  "non_utf8", "huge_line"])
+def test_whole_file_problems_fail_with_line_numbers(sdk, case: str) -> None:  # type: ignore[no-untyped-def]
+    good = [jsonl([emb_line(i, f"text {i}")]) for i in range(5)]
+    bad = {
+        "malformed": (b'{"custom_id": "x", "method": "POST", \n', "invalid_json_line"),
+        "duplicate": (jsonl([emb_line(1, "again")]), "duplicate_custom_id"),
+        "wrong_url": (jsonl([emb_line("u", "t", url="/v1/chat/completions")]), "invalid_url"),
+        "unknown_model": (jsonl([emb_line("m", "t", model="no-such-model")]),
+                          "model_not_found"),
+        "non_utf8": (b'{"custom_id": "\xff\xfe", "url": "/v1/embeddings"}\n', "invalid_encoding"),
+        "huge_line": (jsonl([emb_line("h", "word " * 1_200_000)]), "line_too_long"),
+    }[case]
+    data = b"".join(good[:3]) + bad[0] + b"".join(good[3:])
+    b = sdk.batches.create(input_file_id=upload(sdk, data).id, endpoint="/v1/embeddings",
+                           completion_window="24h")
+    b = wait(sdk, b.id)
+    assert b.status == "failed" and b.failed_at is not None
+    assert b.errors is not None and b.errors.data
+    err = b.errors.data[0]
+    assert (err.code, err.line) == (bad[1], 4), err
+    assert b.output_file_id is None
+
+
+def test_cancel_keeps_finished_results_and_loses_nothing(sdk) -> None:  # type: ignore[no-untyped-def]
+    rows = [emb_line(i, f"a somewhat longer sentence number {i} " * 4) for i in range(3000)]
+    b = sdk.batches.create(input_file_id=upload(sdk, jsonl(rows)).id,
+                           endpoint="/v1/embeddings", completion_window="24h")
+    wait(sdk, b.id, until=("in_progress", "completed"))
+    c = sdk.batches.cancel(b.id)
+    assert c.status in ("cancelling", "cancelled", "completed")
+    b = wait(sdk, b.id)
+    assert b.status in ("cancelled", "completed")
+    out = lines(sdk, b.output_file_id)
+    err = lines(sdk, b.error_file_id)
+    ids = Counter(x["custom_id"] for x in out + err)
+    assert set(ids) == {r["custom_id"] for r in rows} and set(ids.values()) == {1}
+    if b.status == "cancelled":
+        assert err and all(x["error"]["code"] == "batch_cancelled" for x in err)
+        assert b.request_counts.completed == len(out)
+
+
+def test_list_and_paginate(sdk) -> None:  # type: ignore[no-untyped-def]
+    f = upload(sdk, jsonl([emb_line(0, "x")]))
+    made = [sdk.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                               completion_window="24h").id for _ in range(3)]
+    page = sdk.batches.list(limit=2)
+    assert len(page.data) == 2 and page.has_more
+    seen = [b.id for b in sdk.batches.list(limit=2)]  # iterating follows `after`
+    assert seen[:3] == made[::-1] and len(seen) == len(set(seen))
+    files = [x.id for x in sdk.files.list()]
+    assert f.id in files
+    for bid in made:
+        wait(sdk, bid)
+
+
+def test_file_retrieve_content_delete(sdk) -> None:  # type: ignore[no-untyped-def]
+    data = jsonl([emb_line(0, "hello")])
+    f = upload(sdk, data)
+    assert sdk.files.retrieve(f.id).bytes == len(data)
+    assert sdk.files.content(f.id).read() == data
+    d = sdk.files.delete(f.id)
+    assert d.deleted and d.id == f.id
+    with pytest.raises(Exception) as e:
+        sdk.files.retrieve(f.id)
+    assert getattr(e.value, "status_code", None) == 404

@@ -1,0 +1,259 @@
+"""The ObjectStore contract, run identically against a local directory and moto's S3."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storage.objects import (
+    ConcatReader,
+    LocalStore,
+    ObjectNotFound,
+    ObjectStore,
+    S3Store,
+    buffered,
+    open_store,
+)
+
+MiB = 1024 * 1024
+
+
+class NonSeekable:
+    """A plain ``read(n)`` stream (like a request body): no seek, no tell, no len."""
+
+    def __init__(self, data: bytes) -> None:
+        self._buf = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._buf.read(n)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "local":
+        yield open_store(f"file://{tmp_path / 'objects'}")
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    s3 = S3Store("inferq-test", prefix=f"objtest-{secrets.token_hex(4)}", endpoint_url=endpoint)
+    yield s3
+    s3.delete_prefix("")
+
+
+def test_open_store_picks_implementation(tmp_path: Path, s3_endpoint: str) -> None:
+    local = open_store(f"file://{tmp_path}/x")
+    assert isinstance(local, LocalStore)
+    s3 = open_store("s3://inferq-test/some/prefix", endpoint_url=s3_endpoint)
+    assert isinstance(s3, S3Store)
+    assert s3.bucket == "inferq-test" and s3.prefix == "some/prefix/"
+    with pytest.raises(ValueError):
+        open_store("ftp://host/path")
+
+
+def test_put_stream_get_bytes_roundtrip(store: ObjectStore) -> None:
+    data = os.urandom(3000) + b"\n\x00tail"
+    n = store.put_stream("a/b/c.bin", NonSeekable(data))
+    assert n == len(data)
+    assert store.get_bytes("a/b/c.bin") == data
+    assert store.size("a/b/c.bin") == len(data)
+
+
+def test_put_bytes_overwrites(store: ObjectStore) -> None:
+    assert store.put_bytes("k", b"first version") == len(b"first version")
+    assert store.put_bytes("k", b"2nd") == 3
+    assert store.get_bytes("k") == b"2nd"
+    assert store.size("k") == 3
+
+
+def test_empty_object(store: ObjectStore) -> None:
+    assert store.put_bytes("empty", b"") == 0
+    assert store.exists("empty")
+    assert store.size("empty") == 0
+    assert store.get_bytes("empty") == b""
+    assert list(store.iter_chunks("empty")) == []
+
+
+def test_exists_and_delete(store: ObjectStore) -> None:
+    assert not store.exists("d/x")
+    store.put_bytes("d/x", b"1")
+    assert store.exists("d/x")
+    store.delete("d/x")
+    assert not store.exists("d/x")
+    store.delete("d/x")  # deleting a missing key is not an error
+    assert store.list("d/") == []
+
+
+def test_missing_key_raises_object_not_found(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound):
+        store.open("nope/missing")
+    with pytest.raises(ObjectNotFound):
+        store.size("nope/missing")
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("nope/missing")
+    with pytest.raises(KeyError):  # ObjectNotFound is a KeyError
+        store.size("nope/missing")
+
+
+def test_list_with_prefix(store: ObjectStore) -> None:
+    for k in ["p/a/1", "p/a/2", "p/b/1", "p/ab", "q/a/1"]:
+        store.put_bytes(k, k.encode())
+    assert store.list("p/a/") == ["p/a/1", "p/a/2"]
+    assert store.list("p/a") == ["p/a/1", "p/a/2", "p/ab"]
+    assert store.list("p/") == ["p/a/1", "p/a/2", "p/ab", "p/b/1"]
+    assert store.list("q/") == ["q/a/1"]
+    assert store.list("zzz/") == []
+    assert store.list("") == ["p/a/1", "p/a/2", "p/ab", "p/b/1", "q/a/1"]
+
+
+def test_delete_prefix(store: ObjectStore) -> None:
+    for k in ["batches/b1/shards/0", "batches/b1/shards/1", "batches/b1/err.jsonl",
+              "batches/b10/shards/0", "batches/b2/shards/0"]:
+        store.put_bytes(k, b"x")
+    store.delete_prefix("batches/b1/")
+    assert store.list("batches/") == ["batches/b10/shards/0", "batches/b2/shards/0"]
+    assert not store.exists("batches/b1/shards/0")
+    assert store.exists("batches/b10/shards/0")
+
+
+def test_iter_chunks_streams_in_order(store: ObjectStore) -> None:
+    data = os.urandom(10_000)
+    store.put_bytes("chunks", data)
+    chunks = list(store.iter_chunks("chunks", chunk_size=4096))
+    assert b"".join(chunks) == data
+    assert len(chunks) >= 3
+    assert all(len(c) <= 4096 for c in chunks)
+
+
+def test_open_is_a_streamed_reader(store: ObjectStore) -> None:
+    data = b"".join(f"line {i}\n".encode() for i in range(1000))
+    store.put_bytes("lines.txt", data)
+    f = store.open("lines.txt")
+    try:
+        assert f.read(7) == b"line 0\n"
+        rest = f.read()
+    finally:
+        f.close()
+    assert rest == data[7:]
+
+
+def test_download(store: ObjectStore, tmp_path: Path) -> None:
+    data = os.urandom(5000)
+    store.put_bytes("dl", data)
+    dst = tmp_path / "downloaded.bin"
+    store.download("dl", dst)
+    assert dst.read_bytes() == data
+
+
+def test_buffered_readline_over_store_stream(store: ObjectStore) -> None:
+    data = b"short\n" + b"x" * 100 + b"\nlast-no-newline"
+    store.put_bytes("buf", data)
+    with store.open("buf") as raw:
+        r = buffered(raw, size=16)
+        assert r.readline() == b"short\n"
+        first = r.readline(10)
+        assert first == b"x" * 10
+        assert r.readline() == b"x" * 90 + b"\n"
+        assert r.readline() == b"last-no-newline"
+        assert r.readline() == b""
+
+
+def test_s3_multipart_upload_roundtrips(s3_endpoint: str) -> None:
+    s3 = S3Store("inferq-test", prefix=f"multipart-{secrets.token_hex(4)}",
+                 endpoint_url=s3_endpoint, multipart_threshold=5 * MiB)
+    data = os.urandom(12 * MiB + 12345)
+    try:
+        n = s3.put_stream("big.bin", NonSeekable(data))
+        assert n == len(data)
+        assert s3.size("big.bin") == len(data)
+        head = s3.client.head_object(Bucket="inferq-test", Key=s3._key("big.bin"))
+        # A multipart upload's ETag is "<md5 of part md5s>-<parts>".
+        assert "-" in head["ETag"].strip('"')
+        got = hashlib.sha256()
+        total = 0
+        for chunk in s3.iter_chunks("big.bin"):
+            got.update(chunk)
+            total += len(chunk)
+        assert total == len(data)
+        assert got.hexdigest() == hashlib.sha256(data).hexdigest()
+    finally:
+        s3.delete_prefix("")
+    assert s3.list("") == []
+
+
+def test_s3_prefix_isolates_stores(s3_endpoint: str) -> None:
+    a = S3Store("inferq-test", prefix=f"iso-{secrets.token_hex(4)}/", endpoint_url=s3_endpoint)
+    b = S3Store("inferq-test", prefix=f"iso-{secrets.token_hex(4)}", endpoint_url=s3_endpoint)
+    try:
+        a.put_bytes("k", b"A")
+        b.put_bytes("k", b"B")
+        assert a.get_bytes("k") == b"A" and b.get_bytes("k") == b"B"
+        assert a.list("") == ["k"] and b.list("") == ["k"]
+        a.delete_prefix("")
+        assert b.get_bytes("k") == b"B"
+    finally:
+        a.delete_prefix("")
+        b.delete_prefix("")
+
+
+@pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", ""])
+def test_local_store_rejects_keys_escaping_root(tmp_path: Path, key: str) -> None:
+    root = tmp_path / "root"
+    s = LocalStore(root)
+    with pytest.raises(ValueError):
+        s.put_bytes(key, b"evil")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError):
+        s.open(key)
+
+
+def test_local_store_write_leaves_no_temp_files(tmp_path: Path) -> None:
+    s = LocalStore(tmp_path)
+
+    class Boom:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def read(self, n: int = -1) -> bytes:
+            self.calls += 1
+            if self.calls > 1:
+                raise OSError("stream broke")
+            return b"partial"
+
+    s.put_bytes("obj", b"old")
+    with pytest.raises(OSError):
+        s.put_stream("obj", Boom())  # type: ignore[arg-type]
+    assert s.get_bytes("obj") == b"old"  # the write was atomic
+    assert [p.name for p in tmp_path.iterdir()] == ["obj"]
+    assert s.list("") == ["obj"]
+
+
+def test_concat_reader() -> None:
+    blocks = [b"ab", b"", b"cdef", b"g", b""]
+    r = ConcatReader(iter(blocks))
+    assert r.read(1) == b"a"
+    assert r.read(100) == b"b"  # a raw read returns at most the rest of one block
+    assert r.read(3) == b"cde"  # empty blocks are skipped
+    assert r.read() == b"fg"
+    assert r.read() == b""
+    assert ConcatReader(iter([])).read() == b""
+
+
+def test_concat_reader_buffered_lines_across_blocks() -> None:
+    blocks = [b'{"a": 1}\n{"b"', b": 2}\n", b"", b"{", b'"c": 3}\n']
+    r = buffered(ConcatReader(iter(blocks)), size=4)
+    assert r.readline() == b'{"a": 1}\n'
+    assert r.readline() == b'{"b": 2}\n'
+    assert r.readline() == b'{"c": 3}\n'
+    assert r.readline() == b""
+
+
+def test_concat_reader_uploads_as_one_object(store: ObjectStore) -> None:
+    parts = [os.urandom(1000) for _ in range(5)]
+    n = store.put_stream("concat", buffered(ConcatReader(iter(parts))))
+    assert n == 5000
+    assert store.get_bytes("concat") == b"".join(parts)
