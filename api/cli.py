@@ -82,9 +82,13 @@ def worker(lanes: str, name: str | None) -> None:
 @main.command()
 def migrate() -> None:
     """Apply database migrations (alembic upgrade head)."""
+    from jobs import service
+    from jobs.context import Context
     from storage.db import migrate as run
 
-    run(_settings().database_url)
+    st = _settings()
+    run(st.database_url)
+    service.register_builtin_models(Context(st))
     click.echo("database is at the latest revision")
 
 

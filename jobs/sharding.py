@@ -158,6 +158,8 @@ def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
             continue
         if not raw.strip():
             continue
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a UTF-8 byte-order mark, as some editors write
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:

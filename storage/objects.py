@@ -169,8 +169,20 @@ class S3Store(ObjectStore):
     def _key(self, key: str) -> str:
         return self.prefix + key
 
-    @_retry
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
+        """Retried as a whole only when the stream can be rewound; otherwise botocore's
+        per-part retries are all there is (a retry must never upload a truncated rest)."""
+        if not (hasattr(stream, "seekable") and stream.seekable()):
+            return self._upload(key, stream)
+        start = stream.tell()
+
+        def attempt() -> int:
+            stream.seek(start)
+            return self._upload(key, stream)
+
+        return int(_retry(attempt)())
+
+    def _upload(self, key: str, stream: IO[bytes]) -> int:
         counter = _CountingReader(stream)
         self.client.upload_fileobj(counter, self.bucket, self._key(key), Config=self.transfer)
         return counter.count

@@ -95,10 +95,18 @@ class Engine:
                 while not self._stop and not any(self._pending.values()):
                     self._cond.wait()
                 if self._stop:
+                    self._fail_pending(RuntimeError("the engine stopped"))
                     return
                 nxt = self._next_batch()
             if nxt is not None:
                 self._run(*nxt)
+
+    def _fail_pending(self, err: Exception) -> None:
+        for items in self._pending.values():
+            for it in items:
+                if it.future.set_running_or_notify_cancel():
+                    it.future.set_exception(err)
+        self._pending.clear()
 
     def _run(self, prio: int, items: list[_Item]) -> None:
         live = [it for it in items if it.future.set_running_or_notify_cancel()]

@@ -24,7 +24,8 @@ class EmbeddingModel:
         path = path or builtin_path(model_id)
         self.model_id = model_id
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path)).eval()
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModel.from_pretrained(str(path)).eval().to(self.device)
         self.max_length = max_length
         self.dim = int(self.model.config.hidden_size)
         self.cls = self.tokenizer.cls_token_id
@@ -49,8 +50,9 @@ class EmbeddingModel:
         for i, x in enumerate(batch):
             ids[i, : len(x)] = torch.tensor(x)
             mask[i, : len(x)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
         pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled.float().numpy()
+        return pooled.float().cpu().numpy()
