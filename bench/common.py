@@ -1,0 +1,42 @@
+"""Shared benchmark plumbing: rounds, medians and spreads, tables, JSON results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def spread(xs: list[float]) -> str:
+    med = statistics.median(xs)
+    return f"{med:.3g} [{min(xs):.3g}–{max(xs):.3g}]"
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                   time.gmtime())}
+
+
+def report(name: str, title: str, columns: list[str], rows: list[list[Any]],
+           data: dict[str, Any]) -> None:
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(escape(c), justify="right" if c != columns[0] else "left")
+    for r in rows:
+        table.add_row(*[escape(str(x)) for x in r])
+    Console(width=140).print(table)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2))
+    print(f"wrote {path}")
