@@ -183,3 +183,7 @@ def results(batch_id: str, output: Path, errors: Path | None, api_url: str | Non
         if file_id and dest:
             client.files.content(file_id).write_to_file(dest)
             click.echo(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,10 @@ failure). Safe to run twice: it locks the batch row and no-ops once terminal.
 
 from __future__ import annotations
 
+import io
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 from sqlalchemy.orm import Session
@@ -19,7 +22,7 @@ from jobs.models import Batch, File, Shard, new_id, now
 from jobs.status import TERMINAL, BatchStatus, ShardStatus
 from storage import keys
 from storage.objects import CHUNK, ConcatReader, ObjectNotFound, ObjectStore
-from storage.parquet import read_rows
+from storage.parquet import jsonl_to_parquet, read_rows
 
 
 def finalize_batch(ctx: Context, batch_id: str) -> None:
@@ -34,12 +37,15 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
             b.status, b.finalizing_at = BatchStatus.FINALIZING, b.finalizing_at or now()
         shards = repo.shards_of(s, batch_id)
         reason = "batch_cancelled" if cancelling else "batch_failed"
-        out = _write(ctx.store, keys.batch_prefix(batch_id) + "output.jsonl",
-                     _parts(ctx.store, b, shards, "ok"))
-        err = _write(ctx.store, keys.batch_prefix(batch_id) + "errors.jsonl",
-                     _error_blocks(ctx.store, b, shards, reason))
-        b.output_file_id = _output_file(s, b, "output", out)
-        b.error_file_id = _output_file(s, b, "error", err)
+        f = s.get(File, b.input_file_id)
+        fmt = f.format if f is not None else "jsonl"
+        write = _write_parquet if fmt == "parquet" else _write
+        out = write(ctx.store, keys.batch_output(batch_id, "output", fmt),
+                    _parts(ctx.store, b, shards, "ok"))
+        err = write(ctx.store, keys.batch_output(batch_id, "errors", fmt),
+                    _error_blocks(ctx.store, b, shards, reason))
+        b.output_file_id = _output_file(s, b, "output", fmt, out)
+        b.error_file_id = _output_file(s, b, "errors", fmt, err)
         b.prompt_tokens = sum(sh.prompt_tokens for sh in shards)
         if cancelling:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
@@ -47,17 +53,29 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
             b.status, b.completed_at = BatchStatus.COMPLETED, now()
 
 
-def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, int]:
+def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, int, int]:
     size = store.put_stream(key, ConcatReader(blocks))  # type: ignore[arg-type]
-    return key, size
+    return key, size, size
 
 
-def _output_file(s: Session, b: Batch, kind: str, written: tuple[str, int]) -> str | None:
-    key, size = written
-    if size == 0:
+def _write_parquet(store: ObjectStore, key: str, blocks: Iterator[bytes]
+                   ) -> tuple[str, int, int]:
+    """Outputs of a Parquet dataset are Parquet too (one row per request)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "out.parquet"
+        rows = jsonl_to_parquet(blocks, path)
+        with path.open("rb") as fh:
+            size = store.put_stream(key, fh)
+    return key, size, rows
+
+
+def _output_file(s: Session, b: Batch, kind: str, fmt: str, written: tuple[str, int, int]
+                 ) -> str | None:
+    key, size, rows = written
+    if rows == 0:
         return None
-    f = File(id=new_id("file-"), tenant_id=b.tenant_id, filename=f"{b.id}_{kind}.jsonl",
-             purpose="batch_output", format="jsonl", bytes=size, object_key=key,
+    f = File(id=new_id("file-"), tenant_id=b.tenant_id, filename=f"{b.id}_{kind}.{fmt}",
+             purpose="batch_output", format=fmt, bytes=size, object_key=key,
              created_at=now())
     s.add(f)
     return f.id
@@ -86,8 +104,6 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
                          if sh.status == ShardStatus.CANCELLED else
                          ("shard_failed", sh.error or "the request could not be processed"))
         with store.open(sh.object_key) as f:
-            import io
-
             rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
         yield b"".join(_unrun_line(r["custom_id"], code, message) for r in rows)
 

@@ -54,6 +54,7 @@ class _Sharder:
         self.rows: list[tuple[int, str, str, int]] = []
         self.seen: set[bytes] = set()
         self.invalid_lines: list[bytes] = []
+        self.single_input = False  # Parquet datasets: one text per row
 
     def add(self, line_no: int, custom_id: Any, body: Any) -> None:
         """Check one request; queue it for a shard or record why not."""
@@ -88,6 +89,9 @@ class _Sharder:
             return None
         try:
             parse_embeddings(body, self.max_inputs)
+            if self.single_input and not isinstance(body.get("input"), str):
+                raise InvalidRequest("a dataset row holds one text: the input cell must be a "
+                                     "non-empty string", param="input")
         except InvalidRequest as e:
             plan.invalid += 1
             self.invalid_lines.append(error_line(custom_id, 400, e.message, e.code or
@@ -191,6 +195,7 @@ def shard_parquet(s: _Sharder, path: Path, defaults: dict[str, Any]) -> None:
                     f"{', '.join(INPUT_COLUMNS)} (columns: {', '.join(cols)})", None)
         return
     n = 0
+    s.single_input = True
     for rows in iter_dataset(path):
         for row in rows:
             n += 1

@@ -57,6 +57,8 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0" if self.port else f"unix://{self.sock}"
 
     def start(self) -> None:
+        if self._answers():
+            return  # another `inferq up` on this data dir already runs it; share it
         self.sock.unlink(missing_ok=True)
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
@@ -64,6 +66,18 @@ class EmbeddedRedis:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start: see {self.cmd[-1]}")
             time.sleep(0.05)
+
+    def _answers(self) -> bool:
+        if not self.sock.exists():
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1)
+                s.connect(str(self.sock))
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def _up(self) -> bool:
         if self.port:

@@ -24,3 +24,7 @@ def output_part(batch_id: str, shard_index: int, chunk: int, kind: str) -> str:
 
 def shard_parts_prefix(batch_id: str, shard_index: int) -> str:
     return f"batches/{batch_id}/parts/{shard_index:06d}/"
+
+
+def batch_output(batch_id: str, kind: str, fmt: str) -> str:
+    return f"batches/{batch_id}/{kind}.{fmt}"

