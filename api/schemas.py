@@ -6,11 +6,13 @@ from typing import Any
 
 from flask import request
 
-from jobs.errors import InvalidRequest
+from jobs.errors import InvalidRequest, PayloadTooLarge
 from jobs.models import Batch, File
 
 
-def json_body() -> dict[str, Any]:
+def json_body(limit: int = 64 * 1024 * 1024) -> dict[str, Any]:
+    if (request.content_length or 0) > limit:
+        raise PayloadTooLarge(f"a JSON request body is at most {limit} bytes")
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")

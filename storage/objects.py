@@ -183,7 +183,7 @@ class S3Store(ObjectStore):
     def _upload(self, key: str, stream: IO[bytes]) -> int:
         """Sequential multipart upload: one part in memory at a time, whatever the size."""
         k = self._key(key)
-        data = stream.read(self.part_size)
+        data = read_full(stream, self.part_size)
         if len(data) < self.part_size:
             self.client.put_object(Bucket=self.bucket, Key=k, Body=data)
             return len(data)
@@ -197,7 +197,7 @@ class S3Store(ObjectStore):
                                             PartNumber=n, Body=data)
                 parts.append({"PartNumber": n, "ETag": r["ETag"]})
                 total += len(data)
-                data = stream.read(self.part_size)
+                data = read_full(stream, self.part_size)
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:
@@ -241,6 +241,17 @@ class S3Store(ObjectStore):
         for page in pages:
             out.extend(o["Key"][len(self.prefix):] for o in page.get("Contents", []))
         return sorted(out)
+
+
+def read_full(stream: IO[bytes], n: int) -> bytes:
+    """Read exactly ``n`` bytes unless the stream ends first (raw streams read short)."""
+    buf = bytearray()
+    while len(buf) < n:
+        block = stream.read(n - len(buf))
+        if not block:
+            break
+        buf += block
+    return bytes(buf)
 
 
 def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:

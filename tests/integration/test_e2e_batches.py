@@ -181,3 +181,18 @@ def test_file_retrieve_content_delete(sdk) -> None:  # type: ignore[no-untyped-d
     with pytest.raises(Exception) as e:
         sdk.files.retrieve(f.id)
     assert getattr(e.value, "status_code", None) == 404
+
+
+def test_bad_batches_do_not_disturb_good_ones(sdk) -> None:  # type: ignore[no-untyped-def]
+    good_rows = [emb_line(i, f"good text {i}") for i in range(300)]
+    good = sdk.batches.create(input_file_id=upload(sdk, jsonl(good_rows)).id,
+                              endpoint="/v1/embeddings", completion_window="24h")
+    bad_files = [b"not json at all\n", jsonl([emb_line(0, "a"), emb_line(0, "b")]),
+                 b"\xff\xfe\xfd\n"]
+    bad = [sdk.batches.create(input_file_id=upload(sdk, data).id, endpoint="/v1/embeddings",
+                              completion_window="24h") for data in bad_files]
+    assert {wait(sdk, b.id).status for b in bad} == {"failed"}
+    g = wait(sdk, good.id)
+    assert g.status == "completed" and g.request_counts.completed == 300
+    assert sorted(x["custom_id"] for x in lines(sdk, g.output_file_id)) == \
+        sorted(r["custom_id"] for r in good_rows)

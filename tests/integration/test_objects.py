@@ -257,3 +257,17 @@ def test_concat_reader_uploads_as_one_object(store: ObjectStore) -> None:
     n = store.put_stream("concat", buffered(ConcatReader(iter(parts))))
     assert n == 5000
     assert store.get_bytes("concat") == b"".join(parts)
+
+
+def test_short_reads_are_not_taken_for_the_end(s3_endpoint: str) -> None:
+    """A raw stream may return fewer bytes than asked; uploads must keep reading."""
+    import secrets as _secrets
+
+    from storage.objects import ConcatReader, S3Store
+
+    store = S3Store("inferq-test", prefix=f"short-{_secrets.token_hex(4)}",
+                    endpoint_url=s3_endpoint, multipart_threshold=5 * 1024 * 1024)
+    blocks = [bytes([i % 251]) * 700_000 for i in range(12)]  # 8.4 MB in short blocks
+    n = store.put_stream("k", ConcatReader(iter(blocks)))  # type: ignore[arg-type]
+    assert n == sum(map(len, blocks))
+    assert store.get_bytes("k") == b"".join(blocks)
