@@ -17,7 +17,7 @@ def context() -> Context:
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    from api import batches, errors, files, health, inference, models
+    from api import batches, errors, files, health, inference, jobs, models
 
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level)
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
         g.tenant_id = service.authenticate(context(), key)
 
-    for mod in (files, batches, inference, models):
+    for mod in (files, batches, inference, jobs, models):
         mod.bp.before_request(authenticate)
         app.register_blueprint(mod.bp, url_prefix="/v1")
     app.register_blueprint(health.bp)

@@ -56,7 +56,7 @@ def up(port: int | None, model_workers: int) -> None:
 
 @main.command()
 @click.option("--port", type=int, default=None)
-@click.option("--threads", type=int, default=32)
+@click.option("--threads", type=int, default=64, help="concurrent requests (streams included)")
 def api(port: int | None, threads: int) -> None:
     """Serve the HTTP API with gunicorn."""
     from api.stack import api_command
@@ -101,6 +101,61 @@ def create_key(tenant: str) -> None:
 
     _, key = service.create_tenant(Context(_settings()), tenant)
     click.echo(key)
+
+
+@main.group()
+def models() -> None:
+    """The model registry and repository."""
+
+
+@models.command("import")
+@click.argument("names", nargs=-1)
+@click.option("--force", is_flag=True, help="import again even when already registered")
+def models_import(names: tuple[str, ...], force: bool) -> None:
+    """Import builtin models NAMES (default: all) into the model repository."""
+    from jobs import registry
+    from jobs.context import Context
+
+    unknown = [n for n in names if n not in registry.BUILTIN]
+    if unknown:
+        raise click.UsageError(f"unknown model(s): {', '.join(unknown)} "
+                               f"(builtin: {', '.join(registry.BUILTIN)})")
+    ctx = Context(_settings())
+    try:
+        for name in names or tuple(registry.BUILTIN):
+            have = registry.get_default(ctx, name)
+            if have is not None and not force:
+                click.echo(f"{name}: version {have.version} already registered; skipped")
+                continue
+            from workers.runtime.importers import import_model  # torch: only when importing
+
+            t0 = time.perf_counter()
+            m = import_model(ctx, name, force=force)
+            click.echo(f"{name}: imported version {m.version} ({len(m.files)} files, "
+                       f"{registry.total_bytes(m) / 1e6:.1f} MB) in "
+                       f"{time.perf_counter() - t0:.1f} s")
+    finally:
+        ctx.close()
+
+
+@models.command("list")
+def models_list() -> None:
+    """List registered model versions (* marks the default of each name)."""
+    from jobs import registry
+    from jobs.context import Context
+
+    ctx = Context(_settings())
+    try:
+        rows = registry.all_versions(ctx)
+    finally:
+        ctx.close()
+    if not rows:
+        click.echo("no models registered (run: inferq models import)")
+        return
+    click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'CONTEXT':>7} {'SIZE':>10}  SOURCE")
+    for m in rows:
+        click.echo(f"{'*' if m.is_default else ' '} {m.name:<28} {m.version:<8} {m.kind:<11} "
+                   f"{m.context_length:>7} {registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
 
 
 # Client commands ----------------------------------------------------------------------

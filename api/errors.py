@@ -15,6 +15,10 @@ log = logging.getLogger("inferq.api")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
+def error_body(e: InferqError) -> dict[str, Any]:
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+
+
 def error_response(status: int, message: str, etype: str = "invalid_request_error",
                    param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> Response:

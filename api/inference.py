@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from flask import Blueprint, Response, stream_with_context
 
 from api import context
+from api.errors import error_body
 from api.schemas import json_body
-from jobs.realtime import RealtimeClient
-from jobs.requests import parse_embeddings
+from jobs.errors import InferqError
+from jobs.realtime import RealtimeClient, TokenStream, error_from_event
+from jobs.requests import (
+    CHAT,
+    COMPLETIONS,
+    ChatBody,
+    CompletionBody,
+    parse_embeddings,
+    parse_generation,
+)
+from jobs.shapes import ChunkWriter, chat_completion, text_completion
 
 bp = Blueprint("inference", __name__)
 
@@ -19,3 +33,74 @@ def embeddings() -> Response:
     body = RealtimeClient(ctx.redis).call("embeddings", req.model_dump(exclude_none=True),
                                           ctx.settings.realtime_timeout_s)
     return Response(body, mimetype="application/json")
+
+
+@bp.post("/chat/completions")
+def chat_completions() -> Any:
+    return _generate(CHAT)
+
+
+@bp.post("/completions")
+def completions() -> Any:
+    return _generate(COMPLETIONS)
+
+
+def _generate(endpoint: str) -> Any:
+    ctx = context()
+    req = parse_generation(endpoint, json_body())
+    st = ctx.settings
+    stream = TokenStream(ctx.redis, endpoint, req.model_dump(exclude_none=True),
+                         first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s)
+    stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
+    if req.stream:
+        return Response(stream_with_context(_sse(stream, req, endpoint == CHAT)),
+                        mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        parts, done = [], None
+        for ev in stream.events():
+            if ev is None:
+                continue
+            if ev["t"] == "delta":
+                parts.append(ev["text"])
+            elif ev["t"] == "done":
+                done = ev
+            elif ev["t"] == "error":
+                raise error_from_event(ev)
+    finally:
+        stream.close()
+    assert done is not None
+    build = chat_completion if endpoint == CHAT else text_completion
+    return build(req.model, "".join(parts), done["finish_reason"], done["prompt_tokens"],
+                 done["completion_tokens"])
+
+
+def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool) -> Iterator[bytes]:
+    """Headers are out: from here on every failure is an error event, then [DONE]."""
+    w = ChunkWriter(req.model, chat)
+    try:
+        if (first := w.first()) is not None:
+            yield _event(first)
+        for ev in stream.events():
+            if ev is None:
+                yield b": keep-alive\n\n"
+            elif ev["t"] == "delta":
+                yield _event(w.delta(ev["text"]))
+            elif ev["t"] == "done":
+                yield _event(w.finish(ev["finish_reason"]))
+                if req.include_usage():
+                    yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))
+            elif ev["t"] == "error":
+                yield _event(error_body(error_from_event(ev)))
+        yield b"data: [DONE]\n\n"
+    except InferqError as e:
+        yield _event(error_body(e))
+        yield b"data: [DONE]\n\n"
+    finally:
+        stream.close()  # a client that went away cancels its sequence at the next step
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+

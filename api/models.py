@@ -1,4 +1,4 @@
-"""/v1/models."""
+"""/v1/models: the default version of each registered model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from flask import Blueprint
 
 from api import context
-from jobs import service
+from jobs import registry, service
 from jobs.errors import NotFound
 from jobs.models import Model
 
@@ -15,7 +15,9 @@ bp = Blueprint("models", __name__)
 
 
 def model_object(m: Model) -> dict[str, Any]:
-    return {"id": m.id, "object": "model", "created": m.created_at, "owned_by": m.owned_by}
+    """The OpenAI model object; version, kind and context_length are extensions."""
+    return {"id": m.name, "object": "model", "created": m.created_at, "owned_by": m.owned_by,
+            "version": m.version, "kind": m.kind, "context_length": m.context_length}
 
 
 @bp.get("/models")
@@ -25,7 +27,8 @@ def list_() -> Any:
 
 @bp.get("/models/<path:model_id>")
 def retrieve(model_id: str) -> Any:
-    for m in service.list_models(context()):
-        if m.id == model_id:
-            return model_object(m)
-    raise NotFound(f"The model '{model_id}' does not exist", param="model")
+    m = registry.get_default(context(), model_id)
+    if m is None:
+        raise NotFound(f"The model '{model_id}' does not exist", param="model",
+                       code="model_not_found")
+    return model_object(m)

@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
 from jobs.settings import Settings
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
+
+if TYPE_CHECKING:
+    from jobs.context import Context
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +40,7 @@ def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel]
 
 
-def api_command(host: str, port: int, threads: int = 32) -> list[str]:
+def api_command(host: str, port: int, threads: int = 64) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}", "-k", "gthread",
             "--threads", str(threads), "-w", "1", "--graceful-timeout", "10",
             "--access-logfile", "-", "--log-level", "warning", "api.wsgi:app"]
@@ -107,7 +110,7 @@ class Stack:
         st = self.resolve_backends()
         migrate(st.database_url)
         ctx = Context(st)
-        service.register_builtin_models(ctx)
+        self.import_models(ctx)
         self.api_key = self.dev_key()
         service.ensure_key(ctx, "default", self.api_key)
         ctx.close()
@@ -121,7 +124,25 @@ class Stack:
             self.wait_healthy(need_workers=workers)
         return self
 
-    def start_model_worker(self, name: str, lanes: str = "realtime,batch,flex"
+    def import_models(self, ctx: Context, timeout: float = 900) -> None:
+        """Import the builtin models not registered yet, in a child process (importing
+        needs torch; this launcher stays torch-free). Output: ``models-import.log``."""
+        from jobs import registry
+
+        missing = registry.missing_builtins(ctx)
+        if not missing:
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / "models-import.log"
+        with path.open("ab") as log:
+            p = subprocess.run([sys.executable, "-m", "api.cli", "models", "import", *missing],
+                               env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, cwd=ROOT, timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"importing models {', '.join(missing)} failed "
+                               f"({p.returncode}); see {path}")
+
+    def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex"
                            ) -> subprocess.Popen[bytes]:
         return self.spawn(f"worker-{name}", worker_command(lanes, name), INFERQ_LANES=lanes)
 

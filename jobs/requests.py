@@ -17,7 +17,7 @@ COMPLETIONS = "/v1/completions"
 ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS)
 
 # Public model ids and what they serve. Weights: see workers/runtime.
-MODELS: dict[str, str] = {"all-MiniLM-L6-v2": "embeddings"}
+MODELS: dict[str, str] = {"all-MiniLM-L6-v2": "embeddings", "SmolLM2-135M-Instruct": "chat"}
 EMBEDDING_DIM = 384
 
 
@@ -74,7 +74,10 @@ def parse_embeddings(body: Any, max_inputs: int) -> EmbeddingsBody:
 
 def text_length(body: dict[str, Any]) -> int:
     """A cheap size estimate used to sort rows inside a shard (no tokenizer here)."""
-    v = body.get("input")
+    if isinstance(body.get("messages"), list):
+        return sum(len(str(m.get("content", ""))) for m in body["messages"]
+                   if isinstance(m, dict))
+    v = body.get("input", body.get("prompt"))
     if isinstance(v, str):
         return len(v)
     if isinstance(v, list):
@@ -92,16 +95,12 @@ class BatchCreate(BaseModel):
     service_tier: Literal["default", "flex", "auto"] = "default"
     # inferq extension: request defaults for Parquet inputs (e.g. {"model": ...}).
     body: dict[str, Any] = Field(default_factory=dict)
-    callback_url: str | None = None
 
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
         if v not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
-        if v != EMBEDDINGS:
-            raise ValueError(f"endpoint {v} is not served by this deployment yet "
-                             f"(served: {EMBEDDINGS})")
         return v
 
     @field_validator("metadata")
@@ -129,3 +128,101 @@ def parse_model(cls: type[BaseModel], body: Any) -> Any:
         param = ".".join(str(p) for p in err["loc"]) or None
         msg = str(err["msg"]).removeprefix("Value error, ")
         raise InvalidRequest(f"{param}: {msg}" if param else msg, param=param) from e
+
+
+# Text generation ---------------------------------------------------------------------------
+
+CHAT_MODELS = {"SmolLM2-135M-Instruct"}
+MAX_STOP = 4
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in v):
+                raise ValueError("only text content parts are supported")
+            return "".join(p["text"] for p in v)
+        return v
+
+
+class Sampling(BaseModel):
+    """Parameters shared by chat completions and completions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Any) -> Any:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP or any(not s for s in stops):
+            raise ValueError(f"stop takes up to {MAX_STOP} non-empty strings")
+        return v
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatBody(Sampling):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionBody(Sampling):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt per request is supported")
+            v = v[0]
+        if not v:
+            raise ValueError("prompt must be a non-empty string")
+        return v
+
+
+def parse_generation(endpoint: str, body: Any) -> ChatBody | CompletionBody:
+    """Validate a chat or completions body (everything that needs no tokenizer)."""
+    req: ChatBody | CompletionBody = parse_model(ChatBody if endpoint == CHAT else
+                                                 CompletionBody, body)
+    if req.model not in CHAT_MODELS:
+        raise InvalidRequest(f"The model '{req.model}' does not exist or is not a text "
+                             "generation model", param="model", code="model_not_found")
+    return req

@@ -67,15 +67,20 @@ def authenticate(ctx: Context, key: str | None) -> str:
 
 
 def register_builtin_models(ctx: Context) -> None:
-    with ctx.db.session() as s:
-        for name, kind in MODELS.items():
-            if s.get(Model, name) is None:
-                s.add(Model(id=name, version="1", kind=kind, uri=f"builtin://{name}"))
+    """Publish the builtin models that ship ready to serve in an installed package
+    (no conversion, no torch) and are not registered yet. Models that need a
+    conversion are imported by ``inferq models import`` (workers.runtime.importers)."""
+    from jobs import registry
+
+    for name in registry.missing_builtins(ctx):
+        registry.publish_packaged(ctx, name)
 
 
 def list_models(ctx: Context) -> list[Model]:
-    with ctx.db.session() as s:
-        return list(s.scalars(select(Model).order_by(Model.id)))
+    """The default version of each registered model, by name."""
+    from jobs import registry
+
+    return registry.list_models(ctx)
 
 
 # Files ---------------------------------------------------------------------------------

@@ -45,13 +45,17 @@ class Settings(BaseSettings):
     max_batch_tokens: int = 8192
     max_batch_rows: int = 128
     embedding_model: str = "all-MiniLM-L6-v2"
+    chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
+    max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     torch_threads: int = 0  # 0: torch's default
 
     # Worker: lanes served by this process (realtime, batch, flex, control).
-    lanes: str = "realtime,batch"
+    lanes: str = "realtime,jobs,batch"
 
     # Interactive requests answered by workers.
     realtime_timeout_s: float = 60.0
+    first_token_timeout_s: float = 30.0
+    no_progress_timeout_s: float = 30.0
     worker_heartbeat_s: float = 5.0
 
     # API

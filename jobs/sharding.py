@@ -19,7 +19,7 @@ from typing import IO, Any
 import orjson
 
 from jobs.errors import InvalidRequest
-from jobs.requests import MODELS, parse_embeddings, text_length
+from jobs.requests import EMBEDDINGS, MODELS, parse_embeddings, parse_generation, text_length
 from storage import keys
 from storage.objects import ObjectStore, buffered
 from storage.parquet import dataset_columns, iter_dataset, shard_bytes
@@ -75,6 +75,9 @@ class _Sharder:
         if model not in MODELS:
             return plan.fail("model_not_found", f"The model '{model}' does not exist", line_no,
                              "body.model")
+        if (MODELS[model] == "embeddings") != (self.endpoint == EMBEDDINGS):
+            return plan.fail("model_not_found", f"The model '{model}' does not serve "
+                             f"{self.endpoint}", line_no, "body.model")
         if plan.model is None:
             plan.model = model
         elif model != plan.model:
@@ -88,8 +91,12 @@ class _Sharder:
                           "requests", line_no)
             return None
         try:
-            parse_embeddings(body, self.max_inputs)
-            if self.single_input and not isinstance(body.get("input"), str):
+            if self.endpoint == EMBEDDINGS:
+                parse_embeddings(body, self.max_inputs)
+            elif parse_generation(self.endpoint, body).stream:
+                raise InvalidRequest("stream is not available in a batch", param="stream")
+            single = self.single_input and self.endpoint == EMBEDDINGS
+            if single and not isinstance(body.get("input"), str):
                 raise InvalidRequest("a dataset row holds one text: the input cell must be a "
                                      "non-empty string", param="input")
         except InvalidRequest as e:

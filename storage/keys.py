@@ -28,3 +28,13 @@ def shard_parts_prefix(batch_id: str, shard_index: int) -> str:
 
 def batch_output(batch_id: str, kind: str, fmt: str) -> str:
     return f"batches/{batch_id}/{kind}.{fmt}"
+
+
+def model_prefix(name: str, version: str) -> str:
+    """The model repository: every file of one model version lives under this prefix."""
+    return f"models/{name}/{version}/"
+
+
+def model_file(name: str, version: str, path: str) -> str:
+    """``path`` is relative to the model directory (posix separators)."""
+    return model_prefix(name, version) + path

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import secrets
 import socket
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import orjson
 import redis
 
-from jobs import realtime
-from jobs.errors import InferqError
-from jobs.requests import parse_embeddings
-from workers.engine import REALTIME, Engine
+from jobs import asyncjobs, realtime, shapes
+from jobs.errors import InferqError, Unavailable
+from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
+from workers.engine import JOBS, REALTIME, Engine
+from workers.generation import Collect, Usage, build_request
 from workers.responses import dumps, embeddings_body
 
 log = logging.getLogger("inferq.lanes")
@@ -33,10 +36,31 @@ def worker_name() -> str:
 
 
 class RealtimeConsumer(threading.Thread):
-    def __init__(self, r: redis.Redis, engine: Engine, tok: Any, max_inputs: int) -> None:
+    def __init__(self, r: redis.Redis, engine: Engine, tok: Any, max_inputs: int,
+                 generator: Any = None) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
         self.r, self.engine, self.tok, self.max_inputs = r, engine, tok, max_inputs
+        self.generator = generator  # GenerationEngine, when a chat model is loaded
+        self.publisher = Publisher(r)
+        self.cancels = CancelListener(r)
         self.stopping = threading.Event()
+
+    def start(self) -> None:
+        self.publisher.start()
+        self.cancels.start()
+        super().start()
+
+    def handle_generation(self, msg: dict[str, Any]) -> None:
+        """Validate against the model (prompt length), then stream tokens back."""
+        sink = PubSink(self.publisher, msg["id"], self.cancels)
+        try:
+            if self.generator is None:
+                raise Unavailable("no chat model is loaded on this worker")
+            req = build_request(self.generator.model, msg["kind"], msg["body"])
+        except InferqError as e:
+            return sink.error(e.status, _err(e))
+        self.generator.submit(req, sink, REALTIME)
+        return None
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -53,6 +77,8 @@ class RealtimeConsumer(threading.Thread):
         rid = msg["id"]
         if msg.get("deadline", 0) < time.time():
             return  # the caller has given up
+        if msg["kind"] in (CHAT, COMPLETIONS):
+            return self.handle_generation(msg)
         try:
             req = parse_embeddings(msg["body"], self.max_inputs)
         except InferqError as e:
@@ -104,3 +130,174 @@ class Heartbeat(threading.Thread):
             except redis.RedisError as e:
                 log.warning("heartbeat: %s", e)
             self.stopping.wait(self.every_s)
+
+
+class Publisher(threading.Thread):
+    """Publishes stream events off the engine thread, a pipeline per burst."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        super().__init__(name="inferq-publisher", daemon=True)
+        self.r = r
+        self.q: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+
+    def put(self, channel: str, data: bytes) -> None:
+        self.q.put((channel, data))
+
+    def run(self) -> None:
+        while True:
+            batch = [self.q.get()]
+            while not self.q.empty() and len(batch) < 512:
+                batch.append(self.q.get_nowait())
+            try:
+                with self.r.pipeline(transaction=False) as p:
+                    for ch, data in batch:
+                        p.publish(ch, data)
+                    p.execute()
+            except redis.RedisError as e:  # subscribers see the gap and end their streams
+                log.warning("publishing %d stream events failed: %s", len(batch), e)
+
+
+class CancelListener(threading.Thread):
+    """Request ids whose caller went away (published by the API on disconnect)."""
+
+    def __init__(self, r: redis.Redis, ttl_s: float = 600) -> None:
+        super().__init__(name="inferq-cancels", daemon=True)
+        self.r, self.ttl_s = r, ttl_s
+        self.ids: dict[str, float] = {}
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.ids
+
+    def run(self) -> None:
+        while True:
+            try:
+                ps = self.r.pubsub(ignore_subscribe_messages=True)
+                ps.subscribe(realtime.CANCEL_CHANNEL)
+                for msg in ps.listen():
+                    now = time.time()
+                    self.ids[msg["data"].decode()] = now
+                    if len(self.ids) > 10_000:
+                        self.ids = {k: t for k, t in self.ids.items() if now - t < self.ttl_s}
+            except redis.RedisError as e:
+                log.warning("cancel listener: %s; resubscribing", e)
+                time.sleep(1)
+
+
+class PubSink:
+    """Engine sink for one realtime stream: numbered events on the request's channel."""
+
+    def __init__(self, publisher: Publisher, rid: str, cancels: CancelListener) -> None:
+        self.publisher, self.rid, self.cancels = publisher, rid, cancels
+        self.channel = realtime.stream_channel(rid)
+        self.n = 0
+
+    def _send(self, ev: dict[str, Any]) -> None:
+        ev["n"] = self.n
+        self.n += 1
+        self.publisher.put(self.channel, orjson.dumps(ev))
+
+    def start(self) -> None:
+        self._send({"t": "start"})
+
+    def delta(self, text: str) -> None:
+        self._send({"t": "delta", "text": text})
+
+    def finish(self, reason: str, usage: Usage) -> None:
+        self._send({"t": "done", "finish_reason": reason, "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "batch_rows": usage.batch_rows})
+
+    def fail(self, error: Exception) -> None:
+        self.error(500, {"message": f"generation failed: {error}", "type": "server_error",
+                         "param": None, "code": "server_error"})
+
+    def error(self, status: int, err: dict[str, Any]) -> None:
+        self._send({"t": "error", "status": status, "error": err})
+
+    def cancelled(self) -> bool:
+        return self.rid in self.cancels
+
+
+class JobsConsumer(threading.Thread):
+    """Takes asynchronous jobs in bursts and feeds them to the engines together, at a
+    priority between realtime and batch; results are written back to the job rows."""
+
+    burst = 64
+
+    def __init__(self, ctx: Any, engine: Engine, tok: Any, generator: Any, worker: str,
+                 recover_every_s: float = 15.0) -> None:
+        super().__init__(name="inferq-jobs", daemon=True)
+        self.ctx, self.engine, self.tok, self.generator = ctx, engine, tok, generator
+        self.worker, self.recover_every_s = worker, recover_every_s
+        self.token = secrets.token_hex(16)
+        self.writer = ThreadPoolExecutor(2, thread_name_prefix="inferq-jobs-write")
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        last_recover = 0.0
+        while not self.stopping.is_set():
+            try:
+                if time.monotonic() - last_recover > self.recover_every_s:
+                    asyncjobs.recover(self.ctx)
+                    last_recover = time.monotonic()
+                got = self.ctx.redis.blpop([asyncjobs.QUEUE], timeout=1)
+                if got is None:
+                    continue
+                ids = [got[1].decode()]
+                ids += [x.decode() for x in self.ctx.redis.lpop(asyncjobs.QUEUE,
+                                                                self.burst - 1) or []]
+                for job in asyncjobs.claim(self.ctx, ids, self.worker, self.token,
+                                           self.ctx.settings.lease_seconds):
+                    self.start_job(job)
+            except Exception as e:  # noqa: BLE001 - keep consuming; recovery re-pushes
+                log.warning("jobs lane: %s", e)
+                time.sleep(1)
+
+    def start_job(self, job: Any) -> None:
+        if job.endpoint == EMBEDDINGS:
+            req = parse_embeddings(job.body, 1 << 30)
+            ids = self.tok.tokenize(req.inputs())
+            futures = self.engine.submit(ids, JOBS)
+            pending = [len(futures)]
+            lock = threading.Lock()
+
+            def one_done(_: Future[np.ndarray]) -> None:
+                with lock:
+                    pending[0] -= 1
+                    if pending[0]:
+                        return
+                self.writer.submit(self.finish_embeddings, job, req, futures,
+                                   sum(map(len, ids)))
+
+            for f in futures:
+                f.add_done_callback(one_done)
+            return
+        try:
+            if self.generator is None:
+                raise Unavailable("no chat model is loaded on this worker")
+            greq = build_request(self.generator.model, job.endpoint, job.body)
+        except InferqError as e:
+            self.writer.submit(asyncjobs.complete, self.ctx, job.id, self.token, None, _err(e))
+            return
+        sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
+        self.generator.submit(greq, sink, JOBS)
+
+    def finish_embeddings(self, job: Any, req: Any, futures: list[Any], ntok: int) -> None:
+        try:
+            body = embeddings_body(req, [f.result() for f in futures], ntok)
+            result = orjson.loads(dumps(body))
+            asyncjobs.complete(self.ctx, job.id, self.token, result, None)
+        except Exception as e:  # noqa: BLE001 - recorded on the job
+            asyncjobs.complete(self.ctx, job.id, self.token, None,
+                               {"code": "server_error", "message": str(e)})
+
+    def finish_generation(self, job: Any, c: Collect) -> None:
+        if c.error is not None:
+            asyncjobs.complete(self.ctx, job.id, self.token, None,
+                               {"code": "server_error", "message": str(c.error)})
+            return
+        build = shapes.chat_completion if job.endpoint == CHAT else shapes.text_completion
+        body = build(job.body["model"], c.text, c.reason, c.usage.prompt_tokens,
+                     c.usage.completion_tokens)
+        body["inferq"] = {"batch_rows": c.usage.batch_rows}
+        asyncjobs.complete(self.ctx, job.id, self.token, body, None)

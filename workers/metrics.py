@@ -16,3 +16,12 @@ def record_batch(rows: int, real: int, computed: int, seconds: float) -> None:
     BATCH_SECONDS.observe(seconds)
     REAL_TOKENS.inc(real)
     COMPUTED_TOKENS.inc(computed)
+
+GEN_STEP_ROWS = Histogram("inferq_generation_step_rows", "Sequences per decode step",
+                          buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+GEN_STEP_SECONDS = Histogram("inferq_generation_step_seconds", "Seconds per engine step")
+
+
+def record_step(rows: int, seconds: float) -> None:
+    GEN_STEP_ROWS.observe(rows)
+    GEN_STEP_SECONDS.observe(seconds)

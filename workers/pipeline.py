@@ -13,35 +13,18 @@ import io
 import logging
 import secrets
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import numpy as np
-import orjson
 
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.errors import InvalidRequest
 from jobs.models import Batch
-from jobs.requests import EmbeddingsBody, parse_embeddings
 from jobs.status import BatchStatus, ShardStatus
 from storage import keys
 from storage.parquet import read_rows
-from workers.engine import PRIORITY_BY_TIER, Engine
-from workers.responses import embeddings_body, http_error_line, ok_line
+from workers.engine import PRIORITY_BY_TIER
+from workers.runners import Runner
 
 log = logging.getLogger("inferq.pipeline")
-
-
-class Tokenizer(Protocol):
-    def tokenize(self, inputs: list[str] | list[list[int]]) -> list[list[int]]: ...
-
-
-@dataclass
-class _Chunk:
-    rows: list[dict[str, Any]]
-    requests: list[tuple[str, EmbeddingsBody | str, list[Future[np.ndarray]], int]]
 
 
 @dataclass
@@ -50,40 +33,7 @@ class ShardResult:
     finalize: bool = False
 
 
-def _submit(engine: Engine, tok: Tokenizer, rows: list[dict[str, Any]], prio: int,
-            max_inputs: int) -> _Chunk:
-    reqs: list[tuple[str, EmbeddingsBody | str, list[Future[np.ndarray]], int]] = []
-    for r in rows:
-        try:
-            body = parse_embeddings(orjson.loads(r["body"]), max_inputs)
-        except InvalidRequest as e:
-            reqs.append((r["custom_id"], e.message, [], 0))
-            continue
-        ids = tok.tokenize(body.inputs())
-        reqs.append((r["custom_id"], body, engine.submit(ids, prio), sum(map(len, ids))))
-    return _Chunk(rows, reqs)
-
-
-def _collect(chunk: _Chunk) -> tuple[bytes, bytes, int, int, int]:
-    """(ok lines, error lines, completed, failed, tokens) once the chunk's futures resolve."""
-    ok, err = [], []
-    tokens = 0
-    for custom_id, body, futures, ntok in chunk.requests:
-        if isinstance(body, str):
-            err.append(http_error_line(custom_id, 400, body, "invalid_request",
-                                       "invalid_request_error"))
-            continue
-        try:
-            vectors = [f.result() for f in futures]
-        except Exception as e:  # noqa: BLE001 - delivered to the client as its error line
-            err.append(http_error_line(custom_id, 500, f"inference failed: {e}", "server_error"))
-            continue
-        ok.append(ok_line(custom_id, embeddings_body(body, vectors, ntok)))
-        tokens += ntok
-    return b"".join(ok), b"".join(err), len(ok), len(err), tokens
-
-
-def process_shard(ctx: Context, engine: Engine, tok: Tokenizer, shard_id: str, worker: str,
+def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: str, worker: str,
                   stop_requested: Callable[[], bool] = lambda: False) -> ShardResult:
     st = ctx.settings
     token = secrets.token_hex(16)
@@ -95,39 +45,33 @@ def process_shard(ctx: Context, engine: Engine, tok: Tokenizer, shard_id: str, w
         assert b is not None
         batch_id, index, key, start_chunk = b.id, sh.index, sh.object_key, sh.chunks_done
         prio = PRIORITY_BY_TIER.get(b.service_tier, 2)
+        runner = runner_for(b.endpoint)
     with ctx.store.open(key) as f:
         rows = read_rows(io.BytesIO(f.read()), start=start_chunk * st.chunk_rows)
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
-    nxt = _submit(engine, tok, chunks[0], prio, st.max_embedding_inputs) if chunks else None
+    nxt = runner.submit(chunks[0], prio) if chunks else None
     for n, _ in enumerate(chunks):
         assert nxt is not None
         cur = nxt
         c = start_chunk + n
-        nxt = (_submit(engine, tok, chunks[n + 1], prio, st.max_embedding_inputs)
-               if n + 1 < len(chunks) else None)
-        ok, err, completed, failed, tokens = _collect(cur)
+        nxt = runner.submit(chunks[n + 1], prio) if n + 1 < len(chunks) else None
+        ok, err, completed, failed, tokens = runner.collect(cur)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok"), ok)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err"), err)
         with ctx.db.session() as s:
             if not repo.checkpoint(s, shard_id, token, c + 1, len(cur.rows), completed, failed,
                                    tokens, st.lease_seconds):
-                _cancel(nxt)
+                runner.cancel(nxt)
                 log.warning("shard %s: lease lost at chunk %d, stopping", shard_id, c)
                 return ShardResult("fenced")
             status = repo.batch_status(s, batch_id)
         if status == BatchStatus.CANCELLING:
-            _cancel(nxt)
+            runner.cancel(nxt)
             return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED, "cancelled")
         if nxt is not None and stop_requested():
-            _cancel(nxt)
+            runner.cancel(nxt)
             return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back")
     return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, "done")
-
-
-def _cancel(chunk: _Chunk | None) -> None:
-    for _, _, futures, _ in chunk.requests if chunk else []:
-        for f in futures:
-            f.cancel()
 
 
 def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,

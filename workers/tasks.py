@@ -23,8 +23,7 @@ def process_shard(shard_id: str) -> str:
 
     start_model_runtime(settings)  # no-op once the pool child has loaded it
     ctx = state.context()
-    result = pipeline.process_shard(ctx, state.engine, state.model, shard_id,
-                                    lanes.worker_name())
+    result = pipeline.process_shard(ctx, state.runner_for, shard_id, lanes.worker_name())
     if result.finalize:
         ctx.dispatcher.finalize(shard_id.rsplit(".", 1)[0])
     return result.outcome

@@ -1,0 +1,33 @@
+"""/v1/jobs: one asynchronous request for any endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, g
+
+from api import context
+from api.schemas import json_body
+from jobs import asyncjobs
+from jobs.errors import InvalidRequest
+
+bp = Blueprint("jobs", __name__)
+
+
+@bp.post("/jobs")
+def create() -> Any:
+    req = json_body()
+    endpoint, body = req.get("endpoint"), req.get("body")
+    if not isinstance(endpoint, str):
+        raise InvalidRequest("endpoint is required", param="endpoint")
+    if req.get("callback_url") is not None:
+        raise InvalidRequest("callback_url is not supported by this deployment yet; poll "
+                             "GET /v1/jobs/{id}", param="callback_url",
+                             code="unsupported_parameter")
+    job = asyncjobs.create(context(), g.tenant_id, endpoint, body)
+    return asyncjobs.job_object(job), 200
+
+
+@bp.get("/jobs/<job_id>")
+def retrieve(job_id: str) -> Any:
+    return asyncjobs.job_object(asyncjobs.get(context(), g.tenant_id, job_id))

