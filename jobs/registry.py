@@ -177,10 +177,11 @@ def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:
 
 
 def manifest(src: Path) -> list[dict[str, Any]]:
-    """{path, bytes, sha256} for every regular file under ``src``, sorted by path."""
+    """{path, bytes, sha256} for every regular file under ``src`` (dot-files, such as
+    markers, left out), sorted by path."""
     out = []
     for p in sorted(src.rglob("*")):
-        if p.is_file() and not p.is_symlink():
+        if p.is_file() and not p.is_symlink() and not p.name.startswith("."):
             rel = p.relative_to(src).as_posix()
             check_file_path(rel)
             out.append({"path": rel, "bytes": p.stat().st_size, "sha256": sha256_file(p)})

@@ -17,6 +17,10 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("inferq"))
 
 
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("inferq"))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
 
@@ -26,6 +30,8 @@ class Settings(BaseSettings):
     redis_url: str = ""
     object_store_url: str = ""
     data_dir: Path = Field(default_factory=default_data_dir)
+    # Machine-local, rebuildable: models converted at import (e.g. GGUF → safetensors).
+    cache_dir: Path = Field(default_factory=default_cache_dir)
 
     # Limits a client can hit (all streamed, so these are policy, not memory).
     max_upload_bytes: int = 8 * 1024**3

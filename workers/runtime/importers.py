@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import logging
 import tempfile
 import time
@@ -102,13 +103,31 @@ def convert_gguf(gguf: Path, out: Path, name: str) -> int:
 
 def _import_smollm2(ctx: Context, b: registry.Builtin) -> Model:
     gguf = smollm2_gguf()
-    work = Path(ctx.settings.data_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".import-", dir=work) as tmp:
-        out = Path(tmp) / "model"
-        context_length = convert_gguf(gguf, out, b.name)
-        return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
-                                    context_length, b.owned_by)
+    out = converted_dir(ctx, b.name, b.version, gguf)
+    context_length = int(json.loads((out / "config.json").read_text())["max_position_embeddings"])
+    return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out, context_length,
+                                b.owned_by)
+
+
+def converted_dir(ctx: Context, name: str, version: str, gguf: Path) -> Path:
+    """The de-quantized model, converted once per machine and GGUF file and kept in the
+    cache dir: importing into another store (a new data dir, CI) only uploads it."""
+    st = gguf.stat()
+    out = Path(ctx.settings.cache_dir) / "converted" / name / version / \
+        f"{st.st_size}-{int(st.st_mtime)}"
+    if (out / ".complete").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=out.parent) as tmp:
+        work = Path(tmp) / "model"
+        convert_gguf(gguf, work, name)
+        (work / ".complete").touch()
+        try:
+            work.rename(out)
+        except OSError:  # a concurrent import got there first
+            if not (out / ".complete").exists():
+                raise
+    return out
 
 
 IMPORTERS: dict[str, Callable[[Context, registry.Builtin], Model]] = {
