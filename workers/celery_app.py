@@ -99,10 +99,22 @@ def start_model_runtime(st: Settings) -> None:
     if "jobs" in st.lane_set:
         state.threads.append(lanes.JobsConsumer(ctx, state.engine, state.model,
                                                 state.generator, name))
-    state.threads.append(lanes.Heartbeat(ctx.redis, name, info, st.worker_heartbeat_s))
+    state.threads.append(lanes.Heartbeat(ctx.redis, name, info, st.worker_heartbeat_s,
+                                         stats=_stats))
     for t in state.threads:
         t.start()
     log.info("worker %s ready: lanes=%s models=%s", name, st.lanes, models)
+
+
+def _stats() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if state.engine is not None:
+        e = state.engine.stats
+        out["embeddings"] = {"batches": e.batches, "rows": e.rows,
+                             "real_tokens": e.real_tokens, "computed_tokens": e.computed_tokens}
+    if state.generator is not None:
+        out["generation"] = state.generator.stats.snapshot()
+    return out
 
 
 @worker_process_init.connect

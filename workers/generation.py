@@ -15,6 +15,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -71,8 +72,19 @@ class GenStats:
     steps: int = 0
     prefills: int = 0
     tokens: int = 0
+    tokens_by_priority: dict[int, int] = field(default_factory=dict)
     max_rows: int = 0
     step_s: float = 0.0
+    recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def snapshot(self) -> dict[str, Any]:
+        steps = sorted(self.recent_steps)
+        p99 = steps[int(0.99 * (len(steps) - 1))] if steps else 0.0
+        return {"steps": self.steps, "prefills": self.prefills, "tokens": self.tokens,
+                "tokens_by_priority": {str(k): v for k, v in self.tokens_by_priority.items()},
+                "max_rows": self.max_rows,
+                "step_s": self.step_s, "recent_step_p99_s": p99,
+                "recent_step_p50_s": steps[len(steps) // 2] if steps else 0.0}
 
 
 class GenerationEngine:
@@ -180,6 +192,7 @@ class GenerationEngine:
         dt = time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.step_s += dt
+        self.stats.recent_steps.append(dt)
         self.stats.max_rows = max(self.stats.max_rows, rows)
         if self.on_step is not None:
             self.on_step(rows, dt)
@@ -190,6 +203,8 @@ class GenerationEngine:
         for s, tok in zip(seqs, tokens, strict=True):
             s.rows = max(s.rows, len(seqs))
             self.stats.tokens += 1
+            by = self.stats.tokens_by_priority
+            by[s.priority] = by.get(s.priority, 0) + 1
             s.generated.append(tok)
             self._deliver(s, tok)
 

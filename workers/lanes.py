@@ -118,16 +118,22 @@ def _err(e: InferqError) -> dict[str, Any]:
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], every_s: float) -> None:
+    """Announces the worker (lanes, models) and its engines' counters every few seconds."""
+
+    def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], every_s: float,
+                 stats: Any = None) -> None:
         super().__init__(name="inferq-heartbeat", daemon=True)
         self.r, self.name, self.info, self.every_s = r, name, info, every_s
+        self.stats = stats  # () -> dict, engine counters for operators and benchmarks
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                realtime.heartbeat(self.r, self.name, self.info, self.every_s * 3)
-            except redis.RedisError as e:
+                info = {**self.info, "at": time.time(),
+                        **({"stats": self.stats()} if self.stats else {})}
+                realtime.heartbeat(self.r, self.name, info, self.every_s * 3)
+            except Exception as e:  # noqa: BLE001 - a heartbeat must outlive any error
                 log.warning("heartbeat: %s", e)
             self.stopping.wait(self.every_s)
 

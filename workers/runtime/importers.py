@@ -103,17 +103,17 @@ def convert_gguf(gguf: Path, out: Path, name: str) -> int:
 
 def _import_smollm2(ctx: Context, b: registry.Builtin) -> Model:
     gguf = smollm2_gguf()
-    out = converted_dir(ctx, b.name, b.version, gguf)
+    out = converted_dir(Path(ctx.settings.cache_dir), b.name, b.version, gguf)
     context_length = int(json.loads((out / "config.json").read_text())["max_position_embeddings"])
     return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out, context_length,
                                 b.owned_by)
 
 
-def converted_dir(ctx: Context, name: str, version: str, gguf: Path) -> Path:
+def converted_dir(cache_dir: Path, name: str, version: str, gguf: Path) -> Path:
     """The de-quantized model, converted once per machine and GGUF file and kept in the
     cache dir: importing into another store (a new data dir, CI) only uploads it."""
     st = gguf.stat()
-    out = Path(ctx.settings.cache_dir) / "converted" / name / version / \
+    out = cache_dir / "converted" / name / version / \
         f"{st.st_size}-{int(st.st_mtime)}"
     if (out / ".complete").exists():
         return out
