@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, g
 
 from api import context
+from api.idempotency import idempotent
 from api.schemas import batch_object, json_body, page, page_params
 from jobs import service
 from jobs.requests import BatchCreate, parse_model
@@ -15,6 +16,7 @@ bp = Blueprint("batches", __name__)
 
 
 @bp.post("/batches")
+@idempotent
 def create() -> Any:
     req = parse_model(BatchCreate, json_body())
     b = service.create_batch(context(), g.tenant_id, req)

@@ -67,14 +67,20 @@ def api(port: int | None, threads: int) -> None:
 
 
 @main.command()
-@click.option("--lanes", default="realtime,batch", show_default=True,
-              help="comma-separated: realtime, batch, flex, control")
+@click.option("--lanes", default=None, show_default="realtime,jobs,batch (flex with --spot)",
+              help="comma-separated: realtime, jobs, batch, flex, control")
 @click.option("--name", default=None, help="worker name (default: the lanes)")
-def worker(lanes: str, name: str | None) -> None:
+@click.option("--spot", is_flag=True, help="preemptible: on SIGTERM finish the current chunk "
+              "within INFERQ_SPOT_NOTICE_S, commit it and hand the shard back")
+def worker(lanes: str | None, name: str | None, spot: bool) -> None:
     """Run a Celery worker for the given lanes (one process per accelerator)."""
     from api.stack import worker_command
 
+    lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
     os.environ["INFERQ_LANES"] = lanes
+    if spot:
+        os.environ["INFERQ_SPOT"] = "1"
+        os.environ["REMAP_SIGTERM"] = "SIGQUIT"  # Celery's soft shutdown, bounded by the notice
     cmd = worker_command(lanes, name or lanes.replace(",", "-"))
     os.execv(cmd[0], cmd)
 

@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, Response, g, request, stream_with_context
 
 from api import context
+from api.idempotency import idempotent
 from api.schemas import file_object, page, page_params
 from jobs import service
 from jobs.errors import InvalidRequest
@@ -16,6 +17,7 @@ bp = Blueprint("files", __name__)
 
 
 @bp.post("/files")
+@idempotent
 def create() -> Any:
     upload = request.files.get("file")
     if upload is None:

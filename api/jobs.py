@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, g
 
 from api import context
+from api.idempotency import idempotent
 from api.schemas import json_body
 from jobs import asyncjobs
 from jobs.errors import InvalidRequest
@@ -15,6 +16,7 @@ bp = Blueprint("jobs", __name__)
 
 
 @bp.post("/jobs")
+@idempotent
 def create() -> Any:
     req = json_body()
     endpoint, body = req.get("endpoint"), req.get("body")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
+from jobs.dispatch import lane_queues
 from jobs.settings import Settings
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
@@ -25,12 +26,6 @@ if TYPE_CHECKING:
     from jobs.context import Context
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def lane_queues(lanes: set[str]) -> list[str]:
-    """Celery queues behind lanes; the realtime lane is a Redis list, not a Celery queue."""
-    queues: list[str] = [q for q in ("control", "batch", "flex") if q in lanes]
-    return queues or ["realtime"]
 
 
 def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
@@ -121,7 +116,7 @@ class Stack:
                 self.start_model_worker(f"gpu{i}")
         if api:
             self.spawn("api", api_command(st.api_host, self.port))
-            self.wait_healthy(need_workers=workers)
+            self.wait_healthy(need_workers=workers and self.model_workers > 0)
         return self
 
     def import_models(self, ctx: Context, timeout: float = 900) -> None:
@@ -142,9 +137,10 @@ class Stack:
             raise RuntimeError(f"importing models {', '.join(missing)} failed "
                                f"({p.returncode}); see {path}")
 
-    def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex"
-                           ) -> subprocess.Popen[bytes]:
-        return self.spawn(f"worker-{name}", worker_command(lanes, name), INFERQ_LANES=lanes)
+    def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex",
+                           **env: str) -> subprocess.Popen[bytes]:
+        return self.spawn(f"worker-{name}", worker_command(lanes, name), INFERQ_LANES=lanes,
+                          **env)
 
     def dev_key(self) -> str:
         path = self.settings.data_dir / "dev-api-key"

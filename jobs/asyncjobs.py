@@ -80,6 +80,14 @@ def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | Non
         return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
+def renew(ctx: Context, token: str, ttl_s: float) -> int:
+    """Extend the leases of every job this consumer still holds; returns how many."""
+    with ctx.db.session() as s:
+        res = s.execute(update(Job).where(Job.lease_token == token, Job.status == "running")
+                        .values(lease_expires_at=time.time() + ttl_s))
+        return int(res.rowcount)  # type: ignore[attr-defined]
+
+
 def recover(ctx: Context, stale_queued_s: float = 30) -> list[str]:
     """Jobs to push again: running under an expired lease, or queued for too long
     (their push was lost, e.g. Redis restarted). Claims stay conditional, so a job

@@ -21,7 +21,11 @@ TASK_FINALIZE = "inferq.finalize_batch"
 
 def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
     """Settings for long, redeliverable shard tasks (see docs/RELIABILITY.md)."""
-    visibility = settings.lease_seconds * 4 + 100  # longer than any shard + kombu's restore sweep
+    # Redis redelivers an unacked message after the visibility timeout even while its
+    # task still runs (celery#5935): keep it far above any shard's run time, plus
+    # kombu's ~100 s restore sweep. Faster recovery after a kill comes from the
+    # janitor, which hands back shards whose (renewed) DB lease lapsed.
+    visibility = 6 * 3600 + 100
     transport = {"visibility_timeout": visibility}
     return {
         "broker_url": redis_url,
@@ -45,7 +49,18 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         # Model loading happens in the pool child before it takes work.
         "worker_proc_alive_timeout": 300,
+        # With REMAP_SIGTERM=SIGQUIT (spot workers) a shutdown gives the running task
+        # this long to finish its chunk and hand the shard back, then restores the
+        # message to the queue.
+        "worker_soft_shutdown_timeout": settings.spot_notice_s if settings.spot else 0.0,
     }
+
+
+def lane_queues(lanes: set[str]) -> list[str]:
+    """Celery queues behind lanes; realtime and jobs are Redis lists, not Celery queues
+    (a worker serving only those consumes the otherwise unused "realtime" queue)."""
+    queues: list[str] = [q for q in QUEUES if q in lanes]
+    return queues or ["realtime"]
 
 
 def broker_url(redis_url: str) -> str:
@@ -70,10 +85,11 @@ class Dispatcher:
     def validate(self, batch_id: str) -> None:
         self.app.send_task(TASK_VALIDATE, args=[batch_id], queue="control")
 
-    def shards(self, shard_ids: list[str], tier: str) -> None:
+    def shards(self, shard_ids: list[str], tier: str, countdown: float = 0) -> None:
         queue = "flex" if tier == "flex" else "batch"
         for sid in shard_ids:
-            self.app.send_task(TASK_SHARD, args=[sid], queue=queue)
+            self.app.send_task(TASK_SHARD, args=[sid], queue=queue,
+                               countdown=countdown or None)
 
     def finalize(self, batch_id: str) -> None:
         self.app.send_task(TASK_FINALIZE, args=[batch_id], queue="control")

@@ -32,11 +32,12 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
             return
         if repo.unfinished_shards(s, batch_id):
             return  # the last shard to finish sends finalize again
-        cancelling = b.status == BatchStatus.CANCELLING
+        expired = b.expired_at is not None
+        cancelling = b.status == BatchStatus.CANCELLING and not expired
         if not cancelling:
             b.status, b.finalizing_at = BatchStatus.FINALIZING, b.finalizing_at or now()
         shards = repo.shards_of(s, batch_id)
-        reason = "batch_cancelled" if cancelling else "batch_failed"
+        reason = "batch_expired" if expired else "batch_cancelled"
         f = s.get(File, b.input_file_id)
         fmt = f.format if f is not None else "jsonl"
         write = _write_parquet if fmt == "parquet" else _write
@@ -47,7 +48,9 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
         b.output_file_id = _output_file(s, b, "output", fmt, out)
         b.error_file_id = _output_file(s, b, "errors", fmt, err)
         b.prompt_tokens = sum(sh.prompt_tokens for sh in shards)
-        if cancelling:
+        if expired:
+            b.status = BatchStatus.EXPIRED
+        elif cancelling:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
         else:
             b.status, b.completed_at = BatchStatus.COMPLETED, now()
@@ -100,7 +103,8 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
     for sh in shards:
         if sh.status == ShardStatus.DONE or sh.rows_done >= sh.rows:
             continue
-        code, message = ((reason, "the batch was cancelled before this request ran")
+        stopped = "expired" if reason == "batch_expired" else "was cancelled"
+        code, message = ((reason, f"the batch {stopped} before this request ran")
                          if sh.status == ShardStatus.CANCELLED else
                          ("shard_failed", sh.error or "the request could not be processed"))
         with store.open(sh.object_key) as f:

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -187,3 +188,18 @@ class Job(Base):
         Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
         Index("ix_jobs_status_lease", "status", "lease_expires_at"),
     )
+
+
+class IdempotencyKey(Base):
+    """A creating POST's ``Idempotency-Key``: the request's hash and, once done, the
+    response to replay. A row still ``pending`` belongs to a request in flight."""
+
+    __tablename__ = "idempotency_keys"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                           primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # pending | done
+    response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response_body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)

@@ -33,7 +33,7 @@ def live_workers(r: redis.Redis, lane: str) -> list[dict[str, Any]]:
     for raw in r.mget(keys) if keys else []:
         if raw:
             info = orjson.loads(raw)
-            if lane in info.get("lanes", []):
+            if lane in info.get("lanes", []) and info.get("breaker") != "open":
                 out.append(info)
     return out
 

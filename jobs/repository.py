@@ -85,6 +85,12 @@ def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: in
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
+def renew_lease(s: Session, shard_id: str, token: str, ttl_s: float) -> bool:
+    res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.lease_token == token)
+                    .values(lease_expires_at=time.time() + ttl_s))
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
 def release_shard(s: Session, shard_id: str, token: str, status: ShardStatus,
                   error: str | None = None) -> bool:
     """End this holder's lease with a final (or, for QUEUED, handed-back) status."""
@@ -110,5 +116,7 @@ def shards_of(s: Session, batch_id: str) -> list[Shard]:
     return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id).order_by(Shard.index)))
 
 
-def batch_status(s: Session, batch_id: str) -> str | None:
-    return s.scalar(select(Batch.status).where(Batch.id == batch_id))
+def batch_stopping(s: Session, batch_id: str) -> bool:
+    """Whether a running shard of this batch should stop at its next chunk."""
+    row = s.execute(select(Batch.status, Batch.expired_at).where(Batch.id == batch_id)).first()
+    return row is None or row[0] == "cancelling" or row[1] is not None

@@ -42,8 +42,15 @@ class Settings(BaseSettings):
     # Batch execution.
     shard_rows: int = 1000
     chunk_rows: int = 256
-    lease_seconds: int = 300
+    # A shard's lease is renewed while it runs; a killed worker's shard is handed to
+    # another worker by the janitor once the lease lapses.
+    lease_seconds: float = 60
     max_shard_attempts: int = 5
+    janitor_interval_s: float = 5.0
+    # Spot workers (`inferq worker --spot`): on SIGTERM finish the current chunk,
+    # commit it and hand the shard back; after this notice Celery cancels the task.
+    spot: bool = False
+    spot_notice_s: float = 30.0
     completion_window: str = "24h"
 
     # Engine batch policy: micro-batches are length-bucketed and capped by
@@ -54,6 +61,11 @@ class Settings(BaseSettings):
     chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     torch_threads: int = 0  # 0: torch's default
+    # Fault injection (tests): out of memory above this many padded tokens (0: off).
+    fault_oom_above_tokens: int = 0
+    fault_model_fails: bool = False  # (tests) every forward pass fails
+    breaker_threshold: int = 3  # failed forward passes in a row that stop the worker
+    breaker_cooldown_s: float = 30.0
 
     # Worker: lanes served by this process (realtime, batch, flex, control).
     lanes: str = "realtime,jobs,batch"

@@ -85,6 +85,19 @@ def redis_url(services_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def isolated_redis_url(redis_url: str) -> Iterator[str]:
+    """Another DB on the same server, for tests that play the worker themselves: the
+    session's real workers (the ``stack`` fixture) must not take their messages."""
+    import redis
+
+    base, _, db = redis_url.rpartition("/")
+    url = f"{base}/{(int(db) % 15) + 1}"
+    redis.Redis.from_url(url).flushdb()
+    yield url
+    redis.Redis.from_url(url).flushdb()
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 

@@ -9,14 +9,24 @@ keeps them for its whole life.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutting_down,
+)
 
 from jobs.context import Context
-from jobs.dispatch import make_celery
+from jobs.dispatch import lane_queues, make_celery
 from jobs.settings import Settings
+from workers.breaker import Breaker
 
 log = logging.getLogger("inferq.worker")
 MODEL_LANES = {"realtime", "jobs", "batch", "flex"}
@@ -33,11 +43,21 @@ class WorkerState:
     model: Any = None  # EmbeddingModel
     generator: Any = None  # GenerationEngine, when a chat model is registered
     threads: list[Any] = field(default_factory=list)
+    breaker: Breaker = field(default_factory=lambda: Breaker(settings.breaker_threshold,
+                                                             settings.breaker_cooldown_s))
+    hostname: str | None = None  # the Celery node name, learnt from the first task
 
     def context(self) -> Context:
         if self.ctx is None:
             self.ctx = Context(settings)
         return self.ctx
+
+    def tier(self, batch_id: str) -> str:
+        from jobs.models import Batch
+
+        with self.context().db.session() as s:
+            b = s.get(Batch, batch_id)
+            return b.service_tier if b is not None else "default"
 
     def runner_for(self, endpoint: str) -> Any:
         from jobs.errors import Unavailable
@@ -80,9 +100,12 @@ def start_model_runtime(st: Settings) -> None:
     if st.torch_threads:
         torch.set_num_threads(st.torch_threads)
     ctx = state.context()
-    state.model = EmbeddingModel(st.embedding_model, path=_model_dir(ctx, st.embedding_model))
+    state.model = EmbeddingModel(st.embedding_model, path=_model_dir(ctx, st.embedding_model),
+                                 fault_oom_above_tokens=st.fault_oom_above_tokens,
+                                 fault_fail=st.fault_model_fails)
     state.engine = Engine(state.model, BatchPolicy(st.max_batch_tokens, st.max_batch_rows),
-                          on_batch=record_batch)
+                          on_batch=record_batch, on_pass=state.breaker.record)
+    state.breaker.on_open.append(_pause_consumers)
     models = [st.embedding_model]
     chat_dir = _model_dir(ctx, st.chat_model) if st.chat_model else None
     if chat_dir is not None:
@@ -92,18 +115,38 @@ def start_model_runtime(st: Settings) -> None:
                                            on_step=record_step)
         models.append(st.chat_model)
     name = lanes.worker_name()
-    info = {"name": name, "lanes": sorted(st.lane_set), "models": models}
+    info = {"name": name, "lanes": sorted(st.lane_set), "models": models,
+            "breaker": lambda: state.breaker.state}
     if "realtime" in st.lane_set:
         state.threads.append(lanes.RealtimeConsumer(ctx.redis, state.engine, state.model,
-                                                    st.max_embedding_inputs, state.generator))
+                                                    st.max_embedding_inputs, state.generator,
+                                                    allow=state.breaker.allow))
     if "jobs" in st.lane_set:
         state.threads.append(lanes.JobsConsumer(ctx, state.engine, state.model,
-                                                state.generator, name))
+                                                state.generator, name,
+                                                allow=state.breaker.allow))
     state.threads.append(lanes.Heartbeat(ctx.redis, name, info, st.worker_heartbeat_s,
                                          stats=_stats))
     for t in state.threads:
         t.start()
     log.info("worker %s ready: lanes=%s models=%s", name, st.lanes, models)
+
+
+def _pause_consumers(cooldown_s: float) -> None:
+    """The breaker opened: stop taking shards for the cooldown, then take them again."""
+    queues = [q for q in lane_queues(settings.lane_set) if q in ("batch", "flex")]
+    host = state.hostname
+    log.error("model keeps failing: taking no work for %.0f s", cooldown_s)
+    if not host or not queues:
+        return
+    for q in queues:
+        app.control.cancel_consumer(q, destination=[host])
+
+    def resume() -> None:
+        for q in queues:
+            app.control.add_consumer(q, destination=[host])
+
+    threading.Timer(cooldown_s, resume).start()
 
 
 def _stats() -> dict[str, Any]:
@@ -117,10 +160,38 @@ def _stats() -> dict[str, Any]:
     return out
 
 
+def _drain_flag(main_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"inferq-drain-{main_pid}"
+
+
+def draining() -> bool:
+    """True once this worker is shutting down (SIGTERM: a spot notice or a deploy).
+
+    ``worker_shutting_down`` fires in the main process only; the flag file is how
+    the pool child, between chunks, learns that it should commit and hand back."""
+    return _drain_flag(os.getppid()).exists()
+
+
+@worker_init.connect
+def _init_main(**_: Any) -> None:
+    _drain_flag(os.getpid()).unlink(missing_ok=True)
+
+
+@worker_shutting_down.connect
+def _shutting_down(**_: Any) -> None:
+    _drain_flag(os.getpid()).touch()
+
+
 @worker_process_init.connect
 def _init_child(**_: Any) -> None:
     if settings.lane_set & MODEL_LANES:
         start_model_runtime(settings)
+    if "control" in settings.lane_set:
+        from workers.lanes import Janitor
+
+        janitor = Janitor(state.context(), settings.janitor_interval_s)
+        state.threads.append(janitor)
+        janitor.start()
 
 
 @worker_process_shutdown.connect

@@ -41,15 +41,22 @@ class EngineStats:
     real_tokens: int = 0
     computed_tokens: int = 0
     busy_s: float = 0.0
+    oom_splits: int = 0
     by_priority: dict[int, int] = field(default_factory=dict)
+
+
+def is_oom(e: BaseException) -> bool:
+    """CUDA/MPS/CPU allocator failures (torch.OutOfMemoryError) and MemoryError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
 
 
 class Engine:
     def __init__(self, model: Model, policy: BatchPolicy,
-                 on_batch: Any = None) -> None:
+                 on_batch: Any = None, on_pass: Any = None) -> None:
         self.model = model
         self.policy = policy
         self.on_batch = on_batch  # callback(rows, real, computed, seconds) for metrics
+        self.on_pass = on_pass  # callback(ok: bool) after each forward pass (circuit breaker)
         self.stats = EngineStats()
         self._pending: dict[int, list[_Item]] = {}
         self._cond = threading.Condition()
@@ -110,13 +117,27 @@ class Engine:
 
     def _run(self, prio: int, items: list[_Item]) -> None:
         live = [it for it in items if it.future.set_running_or_notify_cancel()]
-        if not live:
-            return
+        if live:
+            self._forward(prio, live)
+
+    def _forward(self, prio: int, live: list[_Item]) -> None:
+        """Run one micro-batch; out of memory splits it in halves, down to single rows."""
         batch = [it.tokens for it in live]
         t0 = time.perf_counter()
         try:
             out = self.model.embed(batch)
         except Exception as e:  # a batch failure is delivered to every member
+            if is_oom(e):
+                self.stats.oom_splits += 1
+                if len(live) > 1:
+                    half = len(live) // 2
+                    self._forward(prio, live[:half])
+                    self._forward(prio, live[half:])
+                    return
+                e = MemoryError(f"this input ({len(batch[0])} tokens) does not fit in the "
+                                f"accelerator's memory even alone: {e}")
+            elif self.on_pass is not None:
+                self.on_pass(False)
             for it in live:
                 it.future.set_exception(e)
             return
@@ -126,6 +147,8 @@ class Engine:
             for it in live:
                 it.future.set_exception(err)
             return
+        if self.on_pass is not None:
+            self.on_pass(True)
         real = sum(len(b) for b in batch)
         computed = max(len(b) for b in batch) * len(batch)
         st = self.stats

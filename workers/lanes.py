@@ -37,8 +37,9 @@ def worker_name() -> str:
 
 class RealtimeConsumer(threading.Thread):
     def __init__(self, r: redis.Redis, engine: Engine, tok: Any, max_inputs: int,
-                 generator: Any = None) -> None:
+                 generator: Any = None, allow: Any = lambda: True) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
+        self.allow = allow
         self.r, self.engine, self.tok, self.max_inputs = r, engine, tok, max_inputs
         self.generator = generator  # GenerationEngine, when a chat model is loaded
         self.publisher = Publisher(r)
@@ -64,6 +65,9 @@ class RealtimeConsumer(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            if not self.allow():  # the circuit breaker is open: leave requests to others
+                time.sleep(0.5)
+                continue
             try:
                 got = self.r.brpop([realtime.QUEUE], timeout=1)
             except redis.RedisError as e:
@@ -130,8 +134,10 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                info = {**self.info, "at": time.time(),
-                        **({"stats": self.stats()} if self.stats else {})}
+                info = {k: v() if callable(v) else v for k, v in self.info.items()}
+                info["at"] = time.time()
+                if self.stats:
+                    info["stats"] = self.stats()
                 realtime.heartbeat(self.r, self.name, info, self.every_s * 3)
             except Exception as e:  # noqa: BLE001 - a heartbeat must outlive any error
                 log.warning("heartbeat: %s", e)
@@ -231,8 +237,9 @@ class JobsConsumer(threading.Thread):
     burst = 64
 
     def __init__(self, ctx: Any, engine: Engine, tok: Any, generator: Any, worker: str,
-                 recover_every_s: float = 15.0) -> None:
+                 recover_every_s: float = 15.0, allow: Any = lambda: True) -> None:
         super().__init__(name="inferq-jobs", daemon=True)
+        self.allow = allow
         self.ctx, self.engine, self.tok, self.generator = ctx, engine, tok, generator
         self.worker, self.recover_every_s = worker, recover_every_s
         self.token = secrets.token_hex(16)
@@ -241,11 +248,16 @@ class JobsConsumer(threading.Thread):
 
     def run(self) -> None:
         last_recover = 0.0
+        ttl = self.ctx.settings.lease_seconds
         while not self.stopping.is_set():
             try:
-                if time.monotonic() - last_recover > self.recover_every_s:
+                if time.monotonic() - last_recover > min(self.recover_every_s, ttl / 3):
+                    asyncjobs.renew(self.ctx, self.token, ttl)  # jobs still in the engine
                     asyncjobs.recover(self.ctx)
                     last_recover = time.monotonic()
+                if not self.allow():  # the circuit breaker is open
+                    time.sleep(0.5)
+                    continue
                 got = self.ctx.redis.blpop([asyncjobs.QUEUE], timeout=1)
                 if got is None:
                     continue
@@ -307,3 +319,24 @@ class JobsConsumer(threading.Thread):
                      c.usage.completion_tokens)
         body["inferq"] = {"batch_rows": c.usage.batch_rows}
         asyncjobs.complete(self.ctx, job.id, self.token, body, None)
+
+
+class Janitor(threading.Thread):
+    """Runs jobs.janitor.sweep every few seconds in the control worker."""
+
+    def __init__(self, ctx: Any, every_s: float) -> None:
+        super().__init__(name="inferq-janitor", daemon=True)
+        self.ctx, self.every_s = ctx, every_s
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from jobs.janitor import sweep
+
+        while not self.stopping.wait(self.every_s):
+            try:
+                rep = sweep(self.ctx)
+                if rep.requeued or rep.failed or rep.expired:
+                    log.info("janitor: requeued %s, failed %s, expired %s", rep.requeued,
+                             rep.failed, rep.expired)
+            except Exception as e:  # noqa: BLE001 - the next sweep tries again
+                log.warning("janitor: %s", e)

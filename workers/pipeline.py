@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import io
 import logging
+import random
 import secrets
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.models import Batch
-from jobs.status import BatchStatus, ShardStatus
+from jobs.models import Batch, Shard
+from jobs.status import ShardStatus
 from storage import keys
 from storage.parquet import read_rows
 from workers.engine import PRIORITY_BY_TIER
@@ -29,13 +31,44 @@ log = logging.getLogger("inferq.pipeline")
 
 @dataclass
 class ShardResult:
-    outcome: str  # done | duplicate | fenced | cancelled | handed_back
+    outcome: str  # done | duplicate | fenced | cancelled | handed_back | retry | failed
     finalize: bool = False
+    retry_in_s: float = 0.0
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews the shard's lease while a chunk runs, however long it takes; a kill -9
+    stops the renewals, so the janitor hands the shard on within one lease."""
+
+    def __init__(self, ctx: Context, shard_id: str, token: str) -> None:
+        super().__init__(name="inferq-lease", daemon=True)
+        self.ctx, self.shard_id, self.token = ctx, shard_id, token
+        self.done = threading.Event()
+        self.lost = False
+
+    def run(self) -> None:
+        ttl = self.ctx.settings.lease_seconds
+        while not self.done.wait(ttl / 3):
+            try:
+                with self.ctx.db.session() as s:
+                    if not repo.renew_lease(s, self.shard_id, self.token, ttl):
+                        self.lost = True
+                        return
+            except Exception as e:  # noqa: BLE001 - a missed renewal is retried next tick
+                log.warning("shard %s: lease renewal failed: %s", self.shard_id, e)
 
 
 def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: str, worker: str,
-                  stop_requested: Callable[[], bool] = lambda: False) -> ShardResult:
+                  stop_requested: Callable[[], bool] = lambda: False,
+                  healthy: Callable[[], bool] = lambda: True) -> ShardResult:
+    """Claim the shard and run it from its checkpoint; every exit releases the lease.
+
+    ``stop_requested`` (shutdown) hands the shard back after committing the chunk in
+    flight; ``healthy`` false (the circuit breaker opened) hands it back without
+    committing the chunk, whose results came from a failing model."""
     st = ctx.settings
+    if not healthy():
+        return ShardResult("handed_back", retry_in_s=st.breaker_cooldown_s)
     token = secrets.token_hex(16)
     with ctx.db.session() as s:
         sh = repo.claim_shard(s, shard_id, token, worker, st.lease_seconds)
@@ -43,10 +76,35 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
             return ShardResult("duplicate")
         b = s.get(Batch, sh.batch_id)
         assert b is not None
-        batch_id, index, key, start_chunk = b.id, sh.index, sh.object_key, sh.chunks_done
-        prio = PRIORITY_BY_TIER.get(b.service_tier, 2)
-        runner = runner_for(b.endpoint)
-    with ctx.store.open(key) as f:
+        batch_id, attempt = b.id, sh.attempt
+        endpoint, tier = b.endpoint, b.service_tier
+    if attempt > st.max_shard_attempts:
+        return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
+                        f"gave up after {attempt - 1} attempts: each ended without finishing "
+                        "(worker killed, lost or out of memory)")
+    keeper = LeaseKeeper(ctx, shard_id, token)
+    keeper.start()
+    try:
+        return _run(ctx, runner_for(endpoint), sh, token, PRIORITY_BY_TIER.get(tier, 2),
+                    stop_requested, healthy, keeper)
+    except Exception as e:  # noqa: BLE001 - recorded on the shard, retried with backoff
+        log.exception("shard %s attempt %d failed", shard_id, attempt)
+        if attempt >= st.max_shard_attempts:
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
+                            f"failed after {attempt} attempts: {e}")
+        res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "retry", str(e))
+        res.retry_in_s = min(60.0, 2.0 ** attempt) * (0.5 + random.random())
+        return res
+    finally:
+        keeper.done.set()
+
+
+def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
+         stop_requested: Callable[[], bool], healthy: Callable[[], bool],
+         keeper: LeaseKeeper) -> ShardResult:
+    st = ctx.settings
+    batch_id, index, shard_id, start_chunk = sh.batch_id, sh.index, sh.id, sh.chunks_done
+    with ctx.store.open(sh.object_key) as f:
         rows = read_rows(io.BytesIO(f.read()), start=start_chunk * st.chunk_rows)
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
     nxt = runner.submit(chunks[0], prio) if chunks else None
@@ -56,16 +114,23 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         c = start_chunk + n
         nxt = runner.submit(chunks[n + 1], prio) if n + 1 < len(chunks) else None
         ok, err, completed, failed, tokens = runner.collect(cur)
+        count_computed(ctx, batch_id, len(cur.rows))
+        if not healthy():
+            runner.cancel(nxt)
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back",
+                            "handed back: this worker's model keeps failing")
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok"), ok)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err"), err)
         with ctx.db.session() as s:
-            if not repo.checkpoint(s, shard_id, token, c + 1, len(cur.rows), completed, failed,
-                                   tokens, st.lease_seconds):
-                runner.cancel(nxt)
-                log.warning("shard %s: lease lost at chunk %d, stopping", shard_id, c)
-                return ShardResult("fenced")
-            status = repo.batch_status(s, batch_id)
-        if status == BatchStatus.CANCELLING:
+            committed = not keeper.lost and repo.checkpoint(
+                s, shard_id, token, c + 1, len(cur.rows), completed, failed, tokens,
+                st.lease_seconds)
+            stopping = committed and repo.batch_stopping(s, batch_id)
+        if not committed:
+            runner.cancel(nxt)
+            log.warning("shard %s: lease lost at chunk %d, stopping", shard_id, c)
+            return ShardResult("fenced")
+        if stopping:  # cancelled, or its completion window passed
             runner.cancel(nxt)
             return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED, "cancelled")
         if nxt is not None and stop_requested():
@@ -74,12 +139,28 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
     return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, "done")
 
 
+def computed_key(batch_id: str) -> str:
+    return f"inferq:computed:{batch_id}"
+
+
+def count_computed(ctx: Context, batch_id: str, rows: int) -> None:
+    """Rows whose results were computed, counted before they are committed: beyond
+    the batch's total, this is work an interruption made us redo."""
+    try:
+        with ctx.redis.pipeline() as p:
+            p.incrby(computed_key(batch_id), rows)
+            p.expire(computed_key(batch_id), 7 * 24 * 3600)
+            p.execute()
+    except Exception as e:  # noqa: BLE001 - an accounting counter never stops the work
+        log.warning("counting computed rows failed: %s", e)
+
+
 def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,
-             outcome: str) -> ShardResult:
+             outcome: str, error: str | None = None) -> ShardResult:
     """Give up the lease; the last shard of a batch to finish asks for finalize."""
     with ctx.db.session() as s:
         repo.get_batch(s, None, batch_id, lock=True)  # serialises "am I the last?" per batch
-        if not repo.release_shard(s, shard_id, token, status):
+        if not repo.release_shard(s, shard_id, token, status, error):
             return ShardResult("fenced")
         last = status != ShardStatus.QUEUED and repo.unfinished_shards(s, batch_id) == 0
     return ShardResult(outcome, finalize=last)

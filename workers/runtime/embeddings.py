@@ -20,7 +20,8 @@ def builtin_path(model_id: str) -> Path:
 class EmbeddingModel:
     """Loaded once per worker process; ``embed`` is called by the engine thread only."""
 
-    def __init__(self, model_id: str, path: Path | None = None, max_length: int = 256) -> None:
+    def __init__(self, model_id: str, path: Path | None = None, max_length: int = 256,
+                 fault_oom_above_tokens: int = 0, fault_fail: bool = False) -> None:
         path = path or builtin_path(model_id)
         self.model_id = model_id
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -31,6 +32,10 @@ class EmbeddingModel:
         self.cls = self.tokenizer.cls_token_id
         self.sep = self.tokenizer.sep_token_id
         self.pad = self.tokenizer.pad_token_id or 0
+        # Fault injection for tests: behave as if memory ran out above this many padded
+        # tokens in one forward pass (0: off).
+        self.fault_oom_above_tokens = fault_oom_above_tokens
+        self.fault_fail = fault_fail  # tests: every forward pass fails (a broken device)
 
     def tokenize(self, inputs: list[str] | list[list[int]]) -> list[list[int]]:
         """Token ids with special tokens, truncated to the model's window."""
@@ -45,6 +50,11 @@ class EmbeddingModel:
     def embed(self, batch: list[list[int]]) -> np.ndarray:
         """One forward pass over a micro-batch; rows are L2-normalised float32."""
         width = max(len(x) for x in batch)
+        if self.fault_fail:
+            raise RuntimeError("injected: the model failed")
+        if self.fault_oom_above_tokens and width * len(batch) > self.fault_oom_above_tokens:
+            raise torch.OutOfMemoryError(f"injected: {len(batch)} x {width} tokens is over "
+                                         f"{self.fault_oom_above_tokens}")
         ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, x in enumerate(batch):

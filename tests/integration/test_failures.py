@@ -1,0 +1,223 @@
+"""The failure matrix (docs/RELIABILITY.md) against real processes: PostgreSQL, Redis,
+the S3 server, and Celery workers that are killed with signals. Every case checks
+that each custom_id appears exactly once across the output and error files, and that
+recomputed rows stayed within one chunk per interruption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from jobs.models import Shard
+from tests.conftest import AWS_ENV, free_port
+from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+
+pytestmark = pytest.mark.slow
+CHUNK = 40
+
+
+@pytest.fixture(scope="module")
+def fstack(settings, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """API + control worker on an isolated Redis DB; model workers started per test."""
+    from api.stack import Stack
+
+    st = settings.model_copy(update={"redis_url": isolated_redis_url, "chunk_rows": CHUNK,
+                                     "shard_rows": 400, "lease_seconds": 3.0,
+                                     "janitor_interval_s": 1.0})
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
+           "INFERQ_SHARD_ROWS": "400", "INFERQ_LEASE_SECONDS": "3",
+           "INFERQ_JANITOR_INTERVAL_S": "1", "INFERQ_CHAT_MODEL": "",
+           "INFERQ_SPOT_NOTICE_S": "20"}
+    stack = Stack(st, port=free_port(), extra_env=env, log_dir=tmp_path_factory.mktemp("flogs"),
+                  model_workers=0)
+    stack.start(api=True, workers=True)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def fsdk(fstack, tenant_key):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=fstack.base_url + "/v1", api_key=tenant_key,
+                  _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def workers(fstack) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    started: list[str] = []
+
+    def start(name: str, lanes: str = "batch", **env: str) -> Any:
+        started.append(f"worker-{name}")
+        return fstack.start_model_worker(name, lanes, **env)
+
+    yield start
+    for name in started:
+        p = fstack.procs.pop(name, None)
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def shards(ctx, batch_id: str) -> list[Shard]:  # type: ignore[no-untyped-def]
+    with ctx.db.session() as s:
+        return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id)
+                              .order_by(Shard.index)))
+
+
+def wait_for(cond: Any, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+def exactly_once(fsdk, b, rows) -> None:  # type: ignore[no-untyped-def]
+    out = lines(fsdk, b.output_file_id) + lines(fsdk, b.error_file_id)
+    ids = Counter(x["custom_id"] for x in out)
+    assert set(ids) == {r["custom_id"] for r in rows}, "lost results"
+    assert set(ids.values()) == {1}, "duplicated results"
+
+
+def recomputed(fstack, batch_id: str, total: int) -> int:
+    import redis
+
+    from workers.pipeline import computed_key
+
+    r = redis.Redis.from_url(fstack.settings.redis_url)
+    return int(r.get(computed_key(batch_id)) or 0) - total
+
+
+def batch_rows(n: int) -> list[dict[str, Any]]:
+    return [emb_line(i, f"sentence number {i} about cats and markets " * (1 + i % 5))
+            for i in range(n)]
+
+
+def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    rows = batch_rows(800)
+    first = workers("k1")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+                         for s in shards(ctx, b.id)), what="a shard in progress")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    workers("k2")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed" and b.request_counts.completed == 800
+    exactly_once(fsdk, b, rows)
+    assert max(s.attempt for s in shards(ctx, b.id)) >= 2
+    assert 0 <= recomputed(fstack, b.id, 800) <= CHUNK
+
+
+def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    rows = batch_rows(800)
+    spot = workers("spot1", "flex", INFERQ_SPOT="1", REMAP_SIGTERM="SIGQUIT")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h",
+                            extra_body={"service_tier": "flex"})
+    wait_for(lambda: any(s.chunks_done >= 1 and s.status == "running"
+                         for s in shards(ctx, b.id)), what="a flex shard in progress")
+    t0 = time.monotonic()
+    os.kill(spot.pid, signal.SIGTERM)
+    spot.wait(60)
+    drained_in = time.monotonic() - t0
+    assert drained_in < 20, f"drain took {drained_in:.1f}s, past the notice"
+    after = shards(ctx, b.id)
+    assert all(s.status in ("queued", "done") for s in after), [s.status for s in after]
+    assert any(s.status == "queued" and s.chunks_done > 0 for s in after)  # checkpointed
+    workers("spot2", "flex", INFERQ_SPOT="1", REMAP_SIGTERM="SIGQUIT")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed"
+    exactly_once(fsdk, b, rows)
+    assert recomputed(fstack, b.id, 800) == 0  # the chunk in flight was committed
+
+
+def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    """What a visibility timeout shorter than a shard causes: a second delivery of a
+    running (or finished) shard's message finds the lease taken and does nothing."""
+    rows = batch_rows(400)
+    workers("d1")
+    workers("d2")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: any(s.status == "running" for s in shards(ctx, b.id)),
+             what="the shard running")
+    sid = shards(ctx, b.id)[0].id
+    for _ in range(3):
+        ctx.dispatcher.shards([sid], "default")  # redelivered while it runs
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed"
+    exactly_once(fsdk, b, rows)
+    assert shards(ctx, b.id)[0].attempt == 1
+    ctx.dispatcher.shards([sid], "default")  # and once more after it finished
+    time.sleep(2)
+    assert shards(ctx, b.id)[0].attempt == 1 and recomputed(fstack, b.id, 400) == 0
+
+
+def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    from jobs.models import Batch
+
+    rows = batch_rows(1200)
+    workers("e1")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: any(s.chunks_done >= 1 for s in shards(ctx, b.id)), what="progress")
+    with ctx.db.session() as s:
+        s.get(Batch, b.id).expires_at = 0  # the window has passed
+    b = wait(fsdk, b.id, timeout=120)
+    assert b.status == "expired", b.status
+    exactly_once(fsdk, b, rows)
+    errs = lines(fsdk, b.error_file_id)
+    assert errs and {e["error"]["code"] for e in errs} == {"batch_expired"}
+    assert b.request_counts.completed == len(lines(fsdk, b.output_file_id)) > 0
+
+
+def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    rows = batch_rows(200)
+    rows.append(emb_line("huge", "a very long sentence about everything " * 60))
+    workers("oom", INFERQ_FAULT_OOM_ABOVE_TOKENS="200")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed"
+    exactly_once(fsdk, b, rows)
+    errs = lines(fsdk, b.error_file_id)
+    assert [e["custom_id"] for e in errs] == ["req-huge"]
+    assert "does not fit" in errs[0]["response"]["body"]["error"]["message"]
+    assert b.request_counts.completed == 200
+
+
+def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import redis
+
+    rows = batch_rows(400)
+    broken = workers("broken", INFERQ_FAULT_MODEL_FAILS="1", INFERQ_BREAKER_THRESHOLD="1",
+                     INFERQ_BREAKER_COOLDOWN_S="120")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    r = redis.Redis.from_url(fstack.settings.redis_url)
+
+    def breaker_open() -> bool:
+        for key in r.scan_iter(match="inferq:workers:*"):
+            info = json.loads(r.get(key) or "{}")
+            if info.get("breaker") == "open":
+                return True
+        return False
+
+    wait_for(breaker_open, timeout=120, what="the broken worker's breaker to open")
+    assert broken.poll() is None  # alive, but taking no work
+    workers("healthy")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed" and b.request_counts.failed == 0
+    exactly_once(fsdk, b, rows)

@@ -1,0 +1,103 @@
+"""The realtime transport on a real Redis, with this test playing the worker: the
+subscription is confirmed before the request is queued, gaps end the stream with an
+error rather than a torn answer, and the first-event and no-progress deadlines hold."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import orjson
+import pytest
+import redis as redis_lib
+
+from jobs import realtime
+from jobs.errors import RequestTimeout
+from jobs.realtime import StreamBroken, TokenStream, stream_channel
+
+
+@pytest.fixture
+def r(isolated_redis_url: str):  # type: ignore[no-untyped-def]
+    client = redis_lib.Redis.from_url(isolated_redis_url)
+    client.delete(realtime.QUEUE)
+    realtime.heartbeat(client, "test-worker", {"name": "test-worker", "lanes": ["realtime"]}, 60)
+    yield client
+    client.delete(realtime.WORKERS + "test-worker", realtime.QUEUE)
+
+
+def fake_worker(r: redis_lib.Redis, events: list[dict], delay: float = 0.0) -> threading.Thread:  # type: ignore[type-arg]
+    """Pops the request and publishes ``events`` numbered as given."""
+    def run() -> None:
+        got = r.brpop([realtime.QUEUE], timeout=10)
+        assert got is not None
+        rid = orjson.loads(got[1])["id"]
+        for ev in events:
+            time.sleep(delay)
+            r.publish(stream_channel(rid), orjson.dumps(ev))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def stream(r: redis_lib.Redis, first: float = 5, idle: float = 5) -> TokenStream:
+    return TokenStream(r, "/v1/chat/completions", {"model": "m"}, first_event_s=first,
+                       idle_s=idle, keepalive_s=0.2)
+
+
+def test_events_published_right_after_enqueue_all_arrive(r) -> None:  # type: ignore[no-untyped-def]
+    evs = [{"n": 0, "t": "start"}] + [{"n": i, "t": "delta", "text": f"t{i}"}
+                                       for i in range(1, 200)]
+    evs.append({"n": 200, "t": "done", "finish_reason": "stop", "prompt_tokens": 1,
+                "completion_tokens": 199})
+    fake_worker(r, evs)
+    ts = stream(r)
+    assert ts.open()["t"] == "start"
+    got = [e for e in ts.events() if e is not None]
+    ts.close()
+    assert [e["text"] for e in got if e["t"] == "delta"] == [f"t{i}" for i in range(1, 200)]
+    assert got[-1]["t"] == "done"
+
+
+def test_a_gap_ends_the_stream_with_an_error(r) -> None:  # type: ignore[no-untyped-def]
+    fake_worker(r, [{"n": 0, "t": "start"}, {"n": 1, "t": "delta", "text": "a"},
+                    {"n": 3, "t": "delta", "text": "c"}])
+    ts = stream(r)
+    ts.open()
+    with pytest.raises(StreamBroken):
+        for _ in ts.events():
+            pass
+    ts.close()
+
+
+def test_first_event_deadline(r) -> None:  # type: ignore[no-untyped-def]
+    ts = stream(r, first=1)
+    t0 = time.monotonic()
+    with pytest.raises(RequestTimeout):
+        ts.open()  # a live worker heartbeat, but nobody answers
+    assert time.monotonic() - t0 < 5
+
+
+def test_no_progress_deadline(r) -> None:  # type: ignore[no-untyped-def]
+    fake_worker(r, [{"n": 0, "t": "start"}, {"n": 1, "t": "delta", "text": "a"}])
+    ts = stream(r, idle=1)
+    ts.open()
+    seen = []
+    with pytest.raises(RequestTimeout):
+        for ev in ts.events():
+            seen.append(ev)
+    assert any(e and e["t"] == "delta" for e in seen) and None in seen  # keep-alives ticked
+    ts.close()
+
+
+def test_closing_early_publishes_a_cancel(r) -> None:  # type: ignore[no-untyped-def]
+    cancels = r.pubsub()
+    cancels.subscribe(realtime.CANCEL_CHANNEL)
+    assert cancels.get_message(timeout=2)["type"] == "subscribe"
+    fake_worker(r, [{"n": 0, "t": "start"}])
+    ts = stream(r)
+    ts.open()
+    ts.close()
+    msg = cancels.get_message(timeout=2)
+    assert msg is not None and msg["data"].decode() == ts.id
+    cancels.close()
