@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     max_batch_rows: int = 128
     embedding_model: str = "all-MiniLM-L6-v2"
     chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
+    preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     torch_threads: int = 0  # 0: torch's default
     # Fault injection (tests): out of memory above this many padded tokens (0: off).

@@ -46,6 +46,7 @@ class WorkerState:
     breaker: Breaker = field(default_factory=lambda: Breaker(settings.breaker_threshold,
                                                              settings.breaker_cooldown_s))
     hostname: str | None = None  # the Celery node name, learnt from the first task
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def context(self) -> Context:
         if self.ctx is None:
@@ -60,15 +61,36 @@ class WorkerState:
             return b.service_tier if b is not None else "default"
 
     def runner_for(self, endpoint: str) -> Any:
-        from jobs.errors import Unavailable
         from jobs.requests import EMBEDDINGS
         from workers.runners import EmbeddingRunner, GenerationRunner
 
         if endpoint == EMBEDDINGS:
             return EmbeddingRunner(self.engine, self.model, settings.max_embedding_inputs)
-        if self.generator is None:
-            raise Unavailable("no chat model is loaded on this worker")
-        return GenerationRunner(self.generator, endpoint)
+        return GenerationRunner(self.chat(), endpoint)
+
+    def chat(self) -> Any:
+        """The generation engine, its model loaded on first use and kept resident.
+
+        Loaded lazily: a worker that only ever serves embeddings keeps the CPU/GPU
+        to itself (INFERQ_PRELOAD_CHAT_MODEL=1 loads it at start instead)."""
+        from jobs.errors import Unavailable
+
+        with self.lock:
+            if self.generator is None:
+                from workers.generation import GenerationEngine
+                from workers.metrics import record_step
+                from workers.runtime.chat import ChatModel
+
+                path = _model_dir(self.context(), settings.chat_model) \
+                    if settings.chat_model else None
+                if path is None:
+                    raise Unavailable("this worker serves no chat model (run `inferq models "
+                                      "import` and set INFERQ_CHAT_MODEL)")
+                self.generator = GenerationEngine(
+                    ChatModel(settings.chat_model, path),
+                    max_batch_rows=settings.max_generation_rows,
+                    max_rows=settings.max_generation_rows * 2, on_step=record_step)
+            return self.generator
 
 
 state = WorkerState()
@@ -92,9 +114,7 @@ def start_model_runtime(st: Settings) -> None:
     from workers import lanes
     from workers.batching import BatchPolicy
     from workers.engine import Engine
-    from workers.generation import GenerationEngine
-    from workers.metrics import record_batch, record_step
-    from workers.runtime.chat import ChatModel
+    from workers.metrics import record_batch
     from workers.runtime.embeddings import EmbeddingModel
 
     if st.torch_threads:
@@ -106,30 +126,25 @@ def start_model_runtime(st: Settings) -> None:
     state.engine = Engine(state.model, BatchPolicy(st.max_batch_tokens, st.max_batch_rows),
                           on_batch=record_batch, on_pass=state.breaker.record)
     state.breaker.on_open.append(_pause_consumers)
-    models = [st.embedding_model]
-    chat_dir = _model_dir(ctx, st.chat_model) if st.chat_model else None
-    if chat_dir is not None:
-        state.generator = GenerationEngine(ChatModel(st.chat_model, chat_dir),
-                                           max_batch_rows=st.max_generation_rows,
-                                           max_rows=st.max_generation_rows * 2,
-                                           on_step=record_step)
-        models.append(st.chat_model)
+    if st.preload_chat_model:
+        state.chat()
     name = lanes.worker_name()
-    info = {"name": name, "lanes": sorted(st.lane_set), "models": models,
-            "breaker": lambda: state.breaker.state}
+    info: dict[str, Any] = {
+        "name": name, "lanes": sorted(st.lane_set), "breaker": lambda: state.breaker.state,
+        "models": lambda: [st.embedding_model] + ([st.chat_model] if state.generator else [])}
     if "realtime" in st.lane_set:
         state.threads.append(lanes.RealtimeConsumer(ctx.redis, state.engine, state.model,
-                                                    st.max_embedding_inputs, state.generator,
+                                                    st.max_embedding_inputs, state.chat,
                                                     allow=state.breaker.allow))
     if "jobs" in st.lane_set:
         state.threads.append(lanes.JobsConsumer(ctx, state.engine, state.model,
-                                                state.generator, name,
+                                                state.chat, name,
                                                 allow=state.breaker.allow))
     state.threads.append(lanes.Heartbeat(ctx.redis, name, info, st.worker_heartbeat_s,
                                          stats=_stats))
     for t in state.threads:
         t.start()
-    log.info("worker %s ready: lanes=%s models=%s", name, st.lanes, models)
+    log.info("worker %s ready: lanes=%s models=%s", name, st.lanes, info["models"]())
 
 
 def _pause_consumers(cooldown_s: float) -> None:

@@ -41,7 +41,7 @@ class RealtimeConsumer(threading.Thread):
         super().__init__(name="inferq-realtime", daemon=True)
         self.allow = allow
         self.r, self.engine, self.tok, self.max_inputs = r, engine, tok, max_inputs
-        self.generator = generator  # GenerationEngine, when a chat model is loaded
+        self.generator = generator  # () -> GenerationEngine, loading the chat model once
         self.publisher = Publisher(r)
         self.cancels = CancelListener(r)
         self.stopping = threading.Event()
@@ -57,10 +57,11 @@ class RealtimeConsumer(threading.Thread):
         try:
             if self.generator is None:
                 raise Unavailable("no chat model is loaded on this worker")
-            req = build_request(self.generator.model, msg["kind"], msg["body"])
+            gen = self.generator()
+            req = build_request(gen.model, msg["kind"], msg["body"])
         except InferqError as e:
             return sink.error(e.status, _err(e))
-        self.generator.submit(req, sink, REALTIME)
+        gen.submit(req, sink, REALTIME)
         return None
 
     def run(self) -> None:
@@ -293,12 +294,13 @@ class JobsConsumer(threading.Thread):
         try:
             if self.generator is None:
                 raise Unavailable("no chat model is loaded on this worker")
-            greq = build_request(self.generator.model, job.endpoint, job.body)
+            gen = self.generator()
+            greq = build_request(gen.model, job.endpoint, job.body)
         except InferqError as e:
             self.writer.submit(asyncjobs.complete, self.ctx, job.id, self.token, None, _err(e))
             return
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
-        self.generator.submit(greq, sink, JOBS)
+        gen.submit(greq, sink, JOBS)
 
     def finish_embeddings(self, job: Any, req: Any, futures: list[Any], ntok: int) -> None:
         try:
