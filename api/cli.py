@@ -78,9 +78,8 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
 
     lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
     os.environ["INFERQ_LANES"] = lanes
-    if spot:
+    if spot:  # SIGTERM: commit the chunk in flight, hand back; cold shutdown after the notice
         os.environ["INFERQ_SPOT"] = "1"
-        os.environ["REMAP_SIGTERM"] = "SIGQUIT"  # Celery's soft shutdown, bounded by the notice
     cmd = worker_command(lanes, name or lanes.replace(",", "-"))
     os.execv(cmd[0], cmd)
 

@@ -49,10 +49,6 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         # Model loading happens in the pool child before it takes work.
         "worker_proc_alive_timeout": 300,
-        # With REMAP_SIGTERM=SIGQUIT (spot workers) a shutdown gives the running task
-        # this long to finish its chunk and hand the shard back, then restores the
-        # message to the queue.
-        "worker_soft_shutdown_timeout": settings.spot_notice_s if settings.spot else 0.0,
     }
 
 

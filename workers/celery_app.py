@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -193,8 +194,15 @@ def _init_main(**_: Any) -> None:
 
 
 @worker_shutting_down.connect
-def _shutting_down(**_: Any) -> None:
+def _shutting_down(how: str = "Warm", **_: Any) -> None:
+    """A warm shutdown (SIGTERM): the shard in flight commits its chunk and is handed
+    back. A spot worker escalates to a cold shutdown (tasks cancelled, messages
+    restored) if that has not happened within the notice."""
     _drain_flag(os.getpid()).touch()
+    if settings.spot and how == "Warm":
+        t = threading.Timer(settings.spot_notice_s, os.kill, (os.getpid(), signal.SIGQUIT))
+        t.daemon = True
+        t.start()
 
 
 @worker_process_init.connect

@@ -120,7 +120,7 @@ def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, ctx) -> None:
 
 def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(800)
-    spot = workers("spot1", "flex", INFERQ_SPOT="1", REMAP_SIGTERM="SIGQUIT")
+    spot = workers("spot1", "flex", INFERQ_SPOT="1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h",
                             extra_body={"service_tier": "flex"})
@@ -134,7 +134,7 @@ def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, ctx) ->
     after = shards(ctx, b.id)
     assert all(s.status in ("queued", "done") for s in after), [s.status for s in after]
     assert any(s.status == "queued" and s.chunks_done > 0 for s in after)  # checkpointed
-    workers("spot2", "flex", INFERQ_SPOT="1", REMAP_SIGTERM="SIGQUIT")
+    workers("spot2", "flex", INFERQ_SPOT="1")
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed"
     exactly_once(fsdk, b, rows)

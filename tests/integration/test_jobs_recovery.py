@@ -14,46 +14,46 @@ from jobs.models import Job
 
 
 @pytest.fixture
-def ctx(settings, isolated_redis_url):  # type: ignore[no-untyped-def]
+def jctx(settings, isolated_redis_url):  # type: ignore[no-untyped-def]
     """Its own Redis DB: the session's workers (if running) must not take these jobs."""
     c = Context(settings.model_copy(update={"redis_url": isolated_redis_url}))
     yield c
     c.close()
 
 
-def test_a_job_left_by_a_dead_worker_runs_again(ctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_left_by_a_dead_worker_runs_again(jctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
     from jobs import service
 
-    tenant = service.authenticate(ctx, tenant_key)
-    ctx.redis.delete(asyncjobs.QUEUE)
-    job = asyncjobs.create(ctx, tenant, "/v1/embeddings",
+    tenant = service.authenticate(jctx, tenant_key)
+    jctx.redis.delete(asyncjobs.QUEUE)
+    job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "hello"})
-    with ctx.db.session() as s:
+    with jctx.db.session() as s:
         assert s.get(Job, job.id).status == "queued"  # stored before acknowledged
-    assert ctx.redis.lrem(asyncjobs.QUEUE, 0, job.id) == 1  # "worker A" pops it
-    first = asyncjobs.claim(ctx, [job.id], "worker-a", "token-a", ttl_s=0.5)
+    assert jctx.redis.lrem(asyncjobs.QUEUE, 0, job.id) == 1  # "worker A" pops it
+    first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=0.5)
     assert [j.id for j in first] == [job.id] and first[0].attempt == 1
-    assert asyncjobs.claim(ctx, [job.id], "worker-b", "token-b", ttl_s=30) == []  # leased
+    assert asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30) == []  # leased
     time.sleep(0.6)  # worker A died; its lease runs out
-    assert job.id in asyncjobs.recover(ctx)
-    assert ctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
-    again = asyncjobs.claim(ctx, [job.id], "worker-b", "token-b", ttl_s=30)
+    assert job.id in asyncjobs.recover(jctx)
+    assert jctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
+    again = asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30)
     assert [j.attempt for j in again] == [2]
-    assert not asyncjobs.complete(ctx, job.id, "token-a", {"late": True}, None)  # fenced
-    assert asyncjobs.complete(ctx, job.id, "token-b", {"ok": True}, None)
-    done = asyncjobs.get(ctx, tenant, job.id)
+    assert not asyncjobs.complete(jctx, job.id, "token-a", {"late": True}, None)  # fenced
+    assert asyncjobs.complete(jctx, job.id, "token-b", {"ok": True}, None)
+    done = asyncjobs.get(jctx, tenant, job.id)
     assert (done.status, done.result) == ("completed", {"ok": True})
-    ctx.redis.delete(asyncjobs.QUEUE)
+    jctx.redis.delete(asyncjobs.QUEUE)
 
 
-def test_a_lost_push_is_recovered_when_the_queue_is_empty(ctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
+def test_a_lost_push_is_recovered_when_the_queue_is_empty(jctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
     from jobs import service
 
-    tenant = service.authenticate(ctx, tenant_key)
-    ctx.redis.delete(asyncjobs.QUEUE)
-    job = asyncjobs.create(ctx, tenant, "/v1/embeddings",
+    tenant = service.authenticate(jctx, tenant_key)
+    jctx.redis.delete(asyncjobs.QUEUE)
+    job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "lost"})
-    ctx.redis.delete(asyncjobs.QUEUE)  # e.g. Redis lost the list
-    assert job.id not in asyncjobs.recover(ctx, stale_queued_s=60)  # not old yet
-    assert job.id in asyncjobs.recover(ctx, stale_queued_s=-1)
-    ctx.redis.delete(asyncjobs.QUEUE)
+    jctx.redis.delete(asyncjobs.QUEUE)  # e.g. Redis lost the list
+    assert job.id not in asyncjobs.recover(jctx, stale_queued_s=60)  # not old yet
+    assert job.id in asyncjobs.recover(jctx, stale_queued_s=-1)
+    jctx.redis.delete(asyncjobs.QUEUE)
