@@ -31,6 +31,8 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.padding
 	$(BIN)/python -m bench.pipeline
+	$(BIN)/python -m bench.generation
+	$(BIN)/python -m bench.realtime
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
