@@ -12,6 +12,7 @@ import io
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 from sqlalchemy.orm import Session
@@ -43,12 +44,15 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
         write = _write_parquet if fmt == "parquet" else _write
         out = write(ctx.store, keys.batch_output(batch_id, "output", fmt),
                     _parts(ctx.store, b, shards, "ok"))
+        lost: list[dict[str, Any]] = []
         err = write(ctx.store, keys.batch_output(batch_id, "errors", fmt),
-                    _error_blocks(ctx.store, b, shards, reason))
+                    _error_blocks(ctx.store, b, shards, reason, lost))
         b.output_file_id = _output_file(s, b, "output", fmt, out)
         b.error_file_id = _output_file(s, b, "errors", fmt, err)
         b.prompt_tokens = sum(sh.prompt_tokens for sh in shards)
-        if expired:
+        if lost:  # requests we cannot account for: the batch must not claim success
+            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), lost
+        elif expired:
             b.status = BatchStatus.EXPIRED
         elif cancelling:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
@@ -93,8 +97,10 @@ def _parts(store: ObjectStore, b: Batch, shards: list[Shard], kind: str) -> Iter
                 continue
 
 
-def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
-                  ) -> Iterator[bytes]:
+def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str,
+                  lost: list[dict[str, Any]]) -> Iterator[bytes]:
+    """Error lines: validation errors, failed requests, then requests that never ran
+    (their custom_ids read back from the shard; if that fails, ``lost`` says so)."""
     try:
         yield from store.iter_chunks(keys.validation_errors(b.id))
     except ObjectNotFound:
@@ -107,8 +113,15 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
         code, message = ((reason, f"the batch {stopped} before this request ran")
                          if sh.status == ShardStatus.CANCELLED else
                          ("shard_failed", sh.error or "the request could not be processed"))
-        with store.open(sh.object_key) as f:
-            rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
+        sh.failed += sh.rows - sh.rows_done  # these requests get error lines
+        try:
+            with store.open(sh.object_key) as f:
+                rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
+        except Exception as e:  # noqa: BLE001 - reported on the batch instead
+            lost.append({"code": "shard_unreadable", "line": None, "param": None,
+                         "message": f"{sh.rows - sh.rows_done} requests of shard {sh.index} "
+                                    f"could not be read back to report them: {e}"})
+            continue
         yield b"".join(_unrun_line(r["custom_id"], code, message) for r in rows)
 
 

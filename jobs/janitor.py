@@ -37,6 +37,7 @@ def sweep(ctx: Context) -> SweepReport:
     rep = SweepReport()
     _expire_batches(ctx, rep)
     _repair_leases(ctx, rep)
+    _resend_stranded(ctx, rep)
     tiers: dict[str, list[str]] = {}
     if rep.requeued:
         with ctx.db.session() as s:
@@ -72,6 +73,24 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
         for batch_id in {sh.batch_id for sh in stale if sh.status == ShardStatus.FAILED}:
             if repo.unfinished_shards(s, batch_id) == 0:
                 rep.finalize.add(batch_id)
+
+
+def _resend_stranded(ctx: Context, rep: SweepReport) -> None:
+    """Queued shards nobody has touched for a while, while their lane's queue is empty:
+    their message was lost (e.g. reserved by a worker that then stopped). Sending one
+    again is safe: a claim of a shard someone holds or finished does nothing."""
+    stale = time.time() - ctx.settings.stranded_shard_s
+    with ctx.db.session() as s:
+        rows = s.execute(select(Shard.id, Batch.service_tier).join(
+            Batch, Batch.id == Shard.batch_id).where(
+            Shard.status == ShardStatus.QUEUED, Shard.updated_at < stale,
+            Batch.status == BatchStatus.IN_PROGRESS).limit(1000)).all()
+        for sid, tier in rows:
+            queue = "flex" if tier == "flex" else "batch"
+            if ctx.redis.llen(queue) == 0:
+                s.execute(update(Shard).where(Shard.id == sid)
+                          .values(updated_at=time.time()))
+                rep.requeued.append(sid)
 
 
 def _expire_batches(ctx: Context, rep: SweepReport) -> None:

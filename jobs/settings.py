@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     lease_seconds: float = 60
     max_shard_attempts: int = 5
     janitor_interval_s: float = 5.0
+    stranded_shard_s: float = 120.0  # a queued shard untouched this long is sent again
     # Spot workers (`inferq worker --spot`): on SIGTERM finish the current chunk,
     # commit it and hand the shard back; after this notice Celery cancels the task.
     spot: bool = False

@@ -1,0 +1,60 @@
+"""Fixtures for tests that start, kill and restart their own worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import AWS_ENV, free_port
+
+CHUNK = 40
+
+
+@pytest.fixture(scope="session")
+def fstack(settings, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """API + control worker on an isolated Redis DB; model workers started per test."""
+    from api.stack import Stack
+
+    st = settings.model_copy(update={"redis_url": isolated_redis_url, "chunk_rows": CHUNK,
+                                     "shard_rows": 400, "lease_seconds": 3.0,
+                                     "janitor_interval_s": 1.0})
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
+           "INFERQ_SHARD_ROWS": "400", "INFERQ_LEASE_SECONDS": "3",
+           "INFERQ_JANITOR_INTERVAL_S": "1", "INFERQ_STRANDED_SHARD_S": "5",
+           "INFERQ_CHAT_MODEL": "",
+           "INFERQ_SPOT_NOTICE_S": "20"}
+    stack = Stack(st, port=free_port(), extra_env=env, log_dir=tmp_path_factory.mktemp("flogs"),
+                  model_workers=0)
+    stack.start(api=True, workers=True)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def fsdk(fstack, tenant_key):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=fstack.base_url + "/v1", api_key=tenant_key,
+                  _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def workers(fstack) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    started: list[str] = []
+
+    def start(name: str, lanes: str = "batch", **env: str) -> Any:
+        started.append(f"worker-{name}")
+        return fstack.start_model_worker(name, lanes, **env)
+
+    yield start
+    for name in started:
+        p = fstack.procs.pop(name, None)
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
