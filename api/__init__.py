@@ -27,13 +27,18 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["inferq"] = Context(settings)
     errors.register(app)
 
+    v1 = (files, batches, inference, jobs, models)
+    authenticated = {mod.bp.name for mod in v1}
+
+    @app.before_request
     def authenticate() -> None:
+        if request.blueprint not in authenticated:
+            return
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
         g.tenant_id = service.authenticate(context(), key)
 
-    for mod in (files, batches, inference, jobs, models):
-        mod.bp.before_request(authenticate)
+    for mod in v1:
         app.register_blueprint(mod.bp, url_prefix="/v1")
     app.register_blueprint(health.bp)
 
