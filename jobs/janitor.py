@@ -3,11 +3,14 @@
 Run by the control worker every few seconds (``sweep``). It
 - hands back shards whose lease expired (their worker was killed or lost) so
   another worker resumes them from the checkpoint — much sooner than the
-  broker's visibility timeout would redeliver them — and fails a shard that has
-  used up its attempts with a clear error instead of letting it loop;
+  broker's visibility timeout would redeliver them — and fails a shard whose
+  last ``max_shard_attempts`` attempts all ended without committing a chunk, with
+  a clear error instead of letting it loop (a shard that keeps moving is never
+  given up on, however often its workers die);
 - expires batches whose completion window has passed: queued shards stop at
   once, running ones at their next chunk, finished results are kept and the rest
-  become ``batch_expired`` error lines.
+  become ``batch_expired`` error lines;
+- sends validate or finalize again for a batch whose control task was lost.
 Every change is a conditional UPDATE, so two janitors (or a janitor racing a
 worker) cannot both act on the same shard.
 """
@@ -17,12 +20,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import exists, func, select, update
 
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.models import Batch, Shard, now
-from jobs.status import BatchStatus, ShardStatus
+from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
 
 @dataclass
@@ -31,13 +34,30 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     finalize: set[str] = field(default_factory=set)
+    validate: set[str] = field(default_factory=set)
 
 
 def sweep(ctx: Context) -> SweepReport:
     rep = SweepReport()
     _expire_batches(ctx, rep)
     _repair_leases(ctx, rep)
-    _resend_stranded(ctx, rep)
+    try:
+        _resend_stranded(ctx, rep)
+        _resume_control(ctx, rep)
+        _send(ctx, rep)
+    except Exception:
+        # The broker is unreachable (e.g. restarting): shards handed back above are
+        # queued in the DB with no message. Mark them so the next sweep that reaches
+        # the broker sends them, instead of waiting out stranded_shard_s.
+        with ctx.db.session() as s:
+            s.execute(update(Shard).where(Shard.id.in_(rep.requeued),
+                                          Shard.status == ShardStatus.QUEUED)
+                      .values(updated_at=0.0))
+        raise
+    return rep
+
+
+def _send(ctx: Context, rep: SweepReport) -> None:
     tiers: dict[str, list[str]] = {}
     if rep.requeued:
         with ctx.db.session() as s:
@@ -47,9 +67,10 @@ def sweep(ctx: Context) -> SweepReport:
                 tiers.setdefault(tier, []).append(sid)
     for tier, ids in tiers.items():
         ctx.dispatcher.shards(ids, tier)
+    for batch_id in sorted(rep.validate):
+        ctx.dispatcher.validate(batch_id)
     for batch_id in sorted(rep.finalize):
         ctx.dispatcher.finalize(batch_id)
-    return rep
 
 
 def _repair_leases(ctx: Context, rep: SweepReport) -> None:
@@ -60,10 +81,10 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
             Shard.status == ShardStatus.RUNNING, Shard.lease_expires_at < t)
             .with_for_update(skip_locked=True).limit(1000)))
         for sh in stale:
-            if sh.attempt >= cap:
+            stalls = repo.stalled_attempts(sh)
+            if stalls >= cap:
                 sh.status = ShardStatus.FAILED
-                sh.error = (f"gave up after {sh.attempt} attempts: each ended without "
-                            "finishing (worker killed, lost or out of memory)")
+                sh.error = give_up_message(stalls)
                 rep.failed.append(sh.id)
             else:
                 sh.status = ShardStatus.QUEUED
@@ -75,22 +96,54 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
                 rep.finalize.add(batch_id)
 
 
+def give_up_message(stalls: int) -> str:
+    return (f"gave up after {stalls} attempts in a row that committed nothing: each ended "
+            "early (worker killed, lost or out of memory)")
+
+
 def _resend_stranded(ctx: Context, rep: SweepReport) -> None:
     """Queued shards nobody has touched for a while, while their lane's queue is empty:
     their message was lost (e.g. reserved by a worker that then stopped). Sending one
-    again is safe: a claim of a shard someone holds or finished does nothing."""
+    again is safe: a claim of a shard someone holds or finished does nothing. Shards
+    whose send failed (``updated_at`` 0, see ``sweep``) are sent at once."""
     stale = time.time() - ctx.settings.stranded_shard_s
     with ctx.db.session() as s:
-        rows = s.execute(select(Shard.id, Batch.service_tier).join(
+        rows = s.execute(select(Shard.id, Shard.updated_at, Batch.service_tier).join(
             Batch, Batch.id == Shard.batch_id).where(
             Shard.status == ShardStatus.QUEUED, Shard.updated_at < stale,
             Batch.status == BatchStatus.IN_PROGRESS).limit(1000)).all()
-        for sid, tier in rows:
+        for sid, updated_at, tier in rows:
             queue = "flex" if tier == "flex" else "batch"
-            if ctx.redis.llen(queue) == 0:
+            if updated_at == 0 or ctx.redis.llen(queue) == 0:
                 s.execute(update(Shard).where(Shard.id == sid)
                           .values(updated_at=time.time()))
                 rep.requeued.append(sid)
+
+
+def _resume_control(ctx: Context, rep: SweepReport) -> None:
+    """Batches whose control step (validate, finalize) was lost: its task died with a
+    killed worker, or failed while PostgreSQL or the broker was down. Both tasks are
+    idempotent, so they are sent again once the batch has sat still for
+    ``stranded_shard_s`` while the control queue is empty (a control worker busy with
+    a long validation holds its message unacked, so the copy waits and then no-ops)."""
+    if ctx.redis.llen("control"):
+        return
+    t = time.time()
+    stale = t - ctx.settings.stranded_shard_s
+    with ctx.db.session() as s:
+        rep.validate.update(s.scalars(select(Batch.id).where(
+            Batch.status.in_([BatchStatus.VALIDATING, BatchStatus.CANCELLING]),
+            Batch.created_at < stale, ~exists().where(Shard.batch_id == Batch.id))
+            .limit(100)))
+        last_move = (select(func.max(Shard.updated_at)).where(Shard.batch_id == Batch.id)
+                     .scalar_subquery())
+        rep.finalize.update(s.scalars(select(Batch.id).where(
+            Batch.status.in_([BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING,
+                              BatchStatus.CANCELLING]),
+            exists().where(Shard.batch_id == Batch.id),
+            ~exists().where(Shard.batch_id == Batch.id,
+                            Shard.status.not_in(SHARD_FINISHED)),
+            last_move < stale).limit(100)))
 
 
 def _expire_batches(ctx: Context, rep: SweepReport) -> None:

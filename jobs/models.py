@@ -120,6 +120,11 @@ class Shard(Base):
     rows: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts in a row that ended without committing a chunk (see claim_shard): the
+    # attempt cap counts these, so a shard that keeps moving is never given up on,
+    # however often its workers die, while one that kills every worker is.
+    stalls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claimed_chunks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)

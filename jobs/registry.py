@@ -243,7 +243,9 @@ def publish_packaged(ctx: Context, name: str, force: bool = False) -> Model | No
 
 
 def missing_builtins(ctx: Context) -> list[str]:
-    """Builtin names with no registered version."""
+    """Builtin names this configuration serves that have no registered version (a
+    deployment with ``INFERQ_CHAT_MODEL=""`` does not import the chat model)."""
+    served = {ctx.settings.embedding_model, ctx.settings.chat_model} - {""}
     with ctx.db.session() as s:
         have = set(s.scalars(select(Model.name).distinct()))
-    return [n for n in BUILTIN if n not in have]
+    return [n for n in BUILTIN if n in served and n not in have]

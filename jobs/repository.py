@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from jobs.models import ApiKey, Batch, File, Shard
@@ -57,16 +57,26 @@ def claim_shard(s: Session, shard_id: str, token: str, worker: str, ttl_s: float
     """Take the shard's lease if it is free (never held, or expired) and not finished.
 
     Returns None for a duplicate delivery of a shard someone else holds or finished.
+    ``stalls`` becomes the number of attempts in a row before this one that committed
+    no chunk (the previous attempt started at ``claimed_chunks``).
     """
     now = time.time()
+    stalled = and_(Shard.attempt > 0, Shard.chunks_done == Shard.claimed_chunks)
     return s.scalar(
         update(Shard)
         .where(Shard.id == shard_id, Shard.status.not_in(SHARD_FINISHED),
                (Shard.lease_expires_at.is_(None)) | (Shard.lease_expires_at < now))
-        .values(attempt=Shard.attempt + 1, lease_token=token, lease_expires_at=now + ttl_s,
-                worker=worker, status=ShardStatus.RUNNING, updated_at=now)
+        .values(attempt=Shard.attempt + 1, stalls=case((stalled, Shard.stalls + 1), else_=0),
+                claimed_chunks=Shard.chunks_done, lease_token=token,
+                lease_expires_at=now + ttl_s, worker=worker, status=ShardStatus.RUNNING,
+                updated_at=now)
         .returning(Shard)
     )
+
+
+def stalled_attempts(sh: Shard) -> int:
+    """Attempts in a row, this one included, that committed nothing so far."""
+    return sh.stalls + (1 if sh.chunks_done == sh.claimed_chunks else 0)
 
 
 def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: int,
@@ -92,12 +102,17 @@ def renew_lease(s: Session, shard_id: str, token: str, ttl_s: float) -> bool:
 
 
 def release_shard(s: Session, shard_id: str, token: str, status: ShardStatus,
-                  error: str | None = None) -> bool:
-    """End this holder's lease with a final (or, for QUEUED, handed-back) status."""
+                  error: str | None = None, not_its_fault: bool = False) -> bool:
+    """End this holder's lease with a final (or, for QUEUED, handed-back) status.
+
+    ``not_its_fault``: the worker gave the shard up for reasons of its own (its model
+    is failing), so this attempt does not count as a stall of the shard."""
+    values: dict[str, Any] = {"status": status, "error": error, "lease_token": None,
+                              "lease_expires_at": None, "updated_at": time.time()}
+    if not_its_fault:
+        values["claimed_chunks"] = -1
     res = s.execute(
-        update(Shard).where(Shard.id == shard_id, Shard.lease_token == token)
-        .values(status=status, error=error, lease_token=None, lease_expires_at=None,
-                updated_at=time.time())
+        update(Shard).where(Shard.id == shard_id, Shard.lease_token == token).values(**values)
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
 

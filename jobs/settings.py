@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # A shard's lease is renewed while it runs; a killed worker's shard is handed to
     # another worker by the janitor once the lease lapses.
     lease_seconds: float = 60
+    # A shard is failed after this many attempts in a row that committed no chunk
+    # (workers killed before their first checkpoint: a poison shard). Attempts that
+    # move the checkpoint reset the count.
     max_shard_attempts: int = 5
     janitor_interval_s: float = 5.0
     stranded_shard_s: float = 120.0  # a queued shard untouched this long is sent again
@@ -63,7 +66,8 @@ class Settings(BaseSettings):
     preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     torch_threads: int = 0  # 0: torch's default
-    # Fault injection (tests): out of memory above this many padded tokens (0: off).
+    # Fault injection (tests): out of memory above this many tokens (0: off): rows x
+    # longest row for embeddings, rows x cache width for generation.
     fault_oom_above_tokens: int = 0
     fault_model_fails: bool = False  # (tests) every forward pass fails
     breaker_threshold: int = 3  # failed forward passes in a row that stop the worker

@@ -8,6 +8,7 @@ test session gets its own database, Redis DB and bucket prefix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -53,19 +54,28 @@ def pg_admin_url(services_dir: Path) -> Iterator[str]:
     pg.stop()
 
 
-@pytest.fixture(scope="session")
-def database_url(pg_admin_url: str) -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_database(pg_admin_url: str) -> Iterator[str]:
+    """A new, migrated database on the test server, dropped afterwards."""
     name = f"inferq_test_{secrets.token_hex(4)}"
     admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         c.execute(text(f'CREATE DATABASE "{name}"'))
     base, _, query = pg_admin_url.partition("?")
     url = base.rsplit("/", 1)[0] + "/" + name + (f"?{query}" if query else "")
-    migrate(url)
-    yield url
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        migrate(url)
+        yield url
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_admin_url: str) -> Iterator[str]:
+    with fresh_database(pg_admin_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

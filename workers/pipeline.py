@@ -16,9 +16,11 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jobs import repository as repo
 from jobs.context import Context
+from jobs.janitor import give_up_message
 from jobs.models import Batch, Shard
 from jobs.status import ShardStatus
 from storage import keys
@@ -76,12 +78,11 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
             return ShardResult("duplicate")
         b = s.get(Batch, sh.batch_id)
         assert b is not None
-        batch_id, attempt = b.id, sh.attempt
+        batch_id, attempt, stalls = b.id, sh.attempt, sh.stalls
         endpoint, tier = b.endpoint, b.service_tier
-    if attempt > st.max_shard_attempts:
+    if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
         return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
-                        f"gave up after {attempt - 1} attempts: each ended without finishing "
-                        "(worker killed, lost or out of memory)")
+                        give_up_message(stalls))
     keeper = LeaseKeeper(ctx, shard_id, token)
     keeper.start()
     try:
@@ -89,11 +90,14 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
                     stop_requested, healthy, keeper)
     except Exception as e:  # noqa: BLE001 - recorded on the shard, retried with backoff
         log.exception("shard %s attempt %d failed", shard_id, attempt)
-        if attempt >= st.max_shard_attempts:
+        with ctx.db.session() as s:
+            now = s.get(Shard, shard_id)
+            stalled = now is not None and repo.stalled_attempts(now) > stalls
+        if stalled and stalls + 1 >= st.max_shard_attempts:
             return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
-                            f"failed after {attempt} attempts: {e}")
+                            f"failed {stalls + 1} times in a row without progress: {e}")
         res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "retry", str(e))
-        res.retry_in_s = min(60.0, 2.0 ** attempt) * (0.5 + random.random())
+        res.retry_in_s = min(60.0, 2.0 ** (stalls + 1)) * (0.5 + random.random())
         return res
     finally:
         keeper.done.set()
@@ -107,18 +111,26 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
     with ctx.store.open(sh.object_key) as f:
         rows = read_rows(io.BytesIO(f.read()), start=start_chunk * st.chunk_rows)
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
-    nxt = runner.submit(chunks[0], prio) if chunks else None
+
+    def submit(n: int) -> Any:
+        if n >= len(chunks):
+            return None
+        count_rows(ctx, batch_id, len(chunks[n]), "started")
+        return runner.submit(chunks[n], prio)
+
+    nxt = submit(0)
     for n, _ in enumerate(chunks):
         assert nxt is not None
         cur = nxt
         c = start_chunk + n
-        nxt = runner.submit(chunks[n + 1], prio) if n + 1 < len(chunks) else None
+        nxt = submit(n + 1)
         ok, err, completed, failed, tokens = runner.collect(cur)
-        count_computed(ctx, batch_id, len(cur.rows))
+        count_rows(ctx, batch_id, len(cur.rows), "computed")
         if not healthy():
             runner.cancel(nxt)
             return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back",
-                            "handed back: this worker's model keeps failing")
+                            "handed back: this worker's model keeps failing",
+                            not_its_fault=True)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok"), ok)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err"), err)
         with ctx.db.session() as s:
@@ -139,28 +151,30 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
     return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, "done")
 
 
-def computed_key(batch_id: str) -> str:
-    return f"inferq:computed:{batch_id}"
+def computed_key(batch_id: str, kind: str = "computed") -> str:
+    """Redis counters of a batch's rows: ``started`` (handed to the engine) and
+    ``computed`` (results produced, counted before they are committed). Beyond the
+    batch's total, they are work that interruptions made us redo."""
+    return f"inferq:{kind}:{batch_id}"
 
 
-def count_computed(ctx: Context, batch_id: str, rows: int) -> None:
-    """Rows whose results were computed, counted before they are committed: beyond
-    the batch's total, this is work an interruption made us redo."""
+def count_rows(ctx: Context, batch_id: str, rows: int, kind: str) -> None:
     try:
         with ctx.redis.pipeline() as p:
-            p.incrby(computed_key(batch_id), rows)
-            p.expire(computed_key(batch_id), 7 * 24 * 3600)
+            p.incrby(computed_key(batch_id, kind), rows)
+            p.expire(computed_key(batch_id, kind), 7 * 24 * 3600)
             p.execute()
     except Exception as e:  # noqa: BLE001 - an accounting counter never stops the work
-        log.warning("counting computed rows failed: %s", e)
+        log.warning("counting %s rows failed: %s", kind, e)
 
 
 def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,
-             outcome: str, error: str | None = None) -> ShardResult:
+             outcome: str, error: str | None = None, not_its_fault: bool = False
+             ) -> ShardResult:
     """Give up the lease; the last shard of a batch to finish asks for finalize."""
     with ctx.db.session() as s:
         repo.get_batch(s, None, batch_id, lock=True)  # serialises "am I the last?" per batch
-        if not repo.release_shard(s, shard_id, token, status, error):
+        if not repo.release_shard(s, shard_id, token, status, error, not_its_fault):
             return ShardResult("fenced")
         last = status != ShardStatus.QUEUED and repo.unfinished_shards(s, batch_id) == 0
     return ShardResult(outcome, finalize=last)

@@ -111,5 +111,6 @@ def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, work
 
     with ctx.db.session() as s:
         sh = s.get(Shard, f"{b.id}.000000")
-        assert sh.status == "failed" and "failed after 2 attempts" in sh.error
+        assert sh.status == "failed" and "failed 2 times in a row without progress" in sh.error
+        assert sh.attempt == 2 and sh.stalls == 1
     assert lines(fsdk, b.error_file_id) == []

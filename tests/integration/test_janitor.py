@@ -1,0 +1,190 @@
+"""The janitor's sweep against real PostgreSQL and Redis: lapsed leases are handed
+back with a message on the lane queue, used-up attempts fail the shard, a send that
+fails because the broker is down is repeated by the next sweep that reaches it, and
+stranded shards are sent again only while their queue is empty."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from jobs import janitor, service
+from jobs.context import Context
+from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
+from jobs.models import Batch, File, Shard, new_id
+from jobs.status import BatchStatus, ShardStatus
+from tests.conftest import free_port, fresh_database
+
+
+@pytest.fixture
+def jctx(settings, pg_admin_url, isolated_redis_url) -> Iterator[Context]:  # type: ignore[no-untyped-def]
+    """A database of its own: the sweep acts on every batch it finds, and other tests'
+    control workers sweep the session's database."""
+    with fresh_database(pg_admin_url) as url:
+        c = Context(settings.model_copy(update={
+            "database_url": url, "redis_url": isolated_redis_url, "max_shard_attempts": 3,
+            "stranded_shard_s": 60}))
+        c.redis.delete("batch", "flex", "control")
+        try:
+            yield c
+        finally:
+            c.redis.delete("batch", "flex", "control")
+            c.close()
+
+
+def make_batch(ctx: Context, shards: list[dict[str, object]],
+               **batch: object) -> list[str]:
+    tenant_id, _ = service.create_tenant(ctx, "janitor")
+    with ctx.db.session() as s:
+        f = File(id=new_id("file-"), tenant_id=tenant_id, filename="in.jsonl", purpose="batch",
+                 format="jsonl", bytes=1, object_key="x")
+        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint="/v1/embeddings",
+                  input_file_id=f.id, completion_window="24h",
+                  **{"status": BatchStatus.IN_PROGRESS, "expires_at": int(time.time()) + 3600,
+                     **batch})
+        s.add(f)
+        s.flush()
+        s.add(b)
+        s.flush()
+        ids = [b.id]
+        for i, kw in enumerate(shards):
+            sh = Shard(id=f"{b.id}.{i:06d}", batch_id=b.id, index=i, object_key="x", rows=10,
+                       **kw)
+            s.add(sh)
+            ids.append(sh.id)
+    return ids[1:] if shards else ids
+
+
+def messages(ctx: Context, queue: str) -> list[tuple[str, str]]:
+    """(task name, first argument) of the Celery messages waiting on a queue, oldest
+    first (kombu pushes on the left), skipping anything that is not a task."""
+    out = []
+    for raw in reversed(ctx.redis.lrange(queue, 0, -1)):
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        args, _, _ = json.loads(base64.b64decode(msg["body"]))
+        out.append((msg["headers"]["task"], args[0]))
+    return out
+
+
+def sent(ctx: Context, queue: str = "batch") -> list[str]:
+    """Shard ids sent to a lane queue."""
+    return [arg for task, arg in messages(ctx, queue) if task == TASK_SHARD]
+
+
+def status(ctx: Context, sid: str) -> Shard:
+    with ctx.db.session() as s:
+        sh = s.get(Shard, sid)
+        assert sh is not None
+        s.expunge(sh)
+        return sh
+
+
+def test_lapsed_lease_is_handed_back_and_sent(jctx) -> None:  # type: ignore[no-untyped-def]
+    past, future = time.time() - 1, time.time() + 60
+    lapsed, held, spent, moving = make_batch(jctx, [
+        {"status": ShardStatus.RUNNING, "attempt": 1, "lease_token": "a", "lease_expires_at": past},
+        {"status": ShardStatus.RUNNING, "attempt": 1, "lease_token": "b",
+         "lease_expires_at": future},
+        # Two attempts in a row committed nothing, and neither did this third one.
+        {"status": ShardStatus.RUNNING, "attempt": 3, "stalls": 2, "claimed_chunks": 1,
+         "chunks_done": 1, "lease_token": "c", "lease_expires_at": past},
+        # Killed seven times, but this attempt committed a chunk: never given up on.
+        {"status": ShardStatus.RUNNING, "attempt": 7, "stalls": 2, "claimed_chunks": 1,
+         "chunks_done": 2, "lease_token": "d", "lease_expires_at": past},
+    ])
+    rep = janitor.sweep(jctx)
+    assert sorted(rep.requeued) == sorted([lapsed, moving]) and rep.failed == [spent]
+    assert status(jctx, lapsed).status == ShardStatus.QUEUED
+    assert status(jctx, lapsed).lease_token is None
+    assert status(jctx, held).status == ShardStatus.RUNNING
+    assert status(jctx, spent).status == ShardStatus.FAILED
+    assert "gave up after 3 attempts in a row" in (status(jctx, spent).error or "")
+    assert sorted(sent(jctx)) == sorted([lapsed, moving])
+
+
+def test_claims_count_attempts_in_a_row_without_progress(jctx) -> None:  # type: ignore[no-untyped-def]
+    from jobs import repository as repo
+
+    (sid,) = make_batch(jctx, [{"status": ShardStatus.QUEUED}])
+
+    def claim(token: str) -> Shard:
+        with jctx.db.session() as s:
+            sh = repo.claim_shard(s, sid, token, "w", ttl_s=-1)  # lapses at once
+            assert sh is not None
+            s.expunge(sh)
+            return sh
+
+    def commit(token: str, chunk: int) -> None:
+        with jctx.db.session() as s:
+            assert repo.checkpoint(s, sid, token, chunk, 10, 10, 0, 5, ttl_s=-1)
+
+    assert claim("t1").stalls == 0  # first attempt
+    assert claim("t2").stalls == 1  # t1 died before committing
+    commit("t2", 1)
+    assert claim("t3").stalls == 0  # t2 moved the checkpoint
+    assert claim("t4").stalls == 1
+    with jctx.db.session() as s:  # t4's model failed: it gives the shard back
+        assert repo.release_shard(s, sid, "t4", ShardStatus.QUEUED, "broken model",
+                                  not_its_fault=True)
+    sh = claim("t5")
+    assert (sh.stalls, sh.attempt) == (0, 5)
+
+
+def test_a_send_lost_to_a_broker_outage_is_repeated(jctx) -> None:  # type: ignore[no-untyped-def]
+    (lapsed,) = make_batch(jctx, [
+        {"status": ShardStatus.RUNNING, "attempt": 1, "lease_token": "a",
+         "lease_expires_at": time.time() - 1}])
+    jctx.redis.rpush("batch", b"someone else's message")  # the queue is not empty
+    down = Context(jctx.settings.model_copy(
+        update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"}))
+    down.dispatcher.app.conf.broker_connection_max_retries = 0
+    down.dispatcher.app.conf.broker_transport_options = {"max_retries": 0}
+    with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
+        janitor.sweep(down)
+    down.close()
+    sh = status(jctx, lapsed)
+    assert sh.status == ShardStatus.QUEUED and sh.updated_at == 0
+    rep = janitor.sweep(jctx)  # the broker is back: sent although the queue is not empty
+    assert rep.requeued == [lapsed]
+    assert sent(jctx)[-1] == lapsed
+    assert janitor.sweep(jctx).requeued == []  # and only once
+
+
+def test_stranded_shards_are_sent_only_while_their_queue_is_empty(jctx) -> None:  # type: ignore[no-untyped-def]
+    old = time.time() - 120
+    stranded, recent = make_batch(jctx, [
+        {"status": ShardStatus.QUEUED, "updated_at": old},
+        {"status": ShardStatus.QUEUED, "updated_at": time.time()}])
+    jctx.redis.rpush("batch", b"pending")
+    assert janitor.sweep(jctx).requeued == []  # its message may still be in the queue
+    jctx.redis.delete("batch")
+    assert janitor.sweep(jctx).requeued == [stranded]
+    assert sent(jctx) == [stranded] and recent not in sent(jctx)
+
+
+def test_lost_control_tasks_are_sent_again(jctx) -> None:  # type: ignore[no-untyped-def]
+    """A batch that sat still with all shards finished never got finalized, and one
+    still validating long after it was created lost its validate task."""
+    old = time.time() - 120
+    (done,) = make_batch(jctx, [{"status": ShardStatus.DONE, "updated_at": old}])
+    (fresh,) = make_batch(jctx, [{"status": ShardStatus.DONE, "updated_at": time.time()}])
+    (unfinished,) = make_batch(jctx, [{"status": ShardStatus.QUEUED, "updated_at": old},
+                                      {"status": ShardStatus.DONE, "updated_at": old}])[:1]
+    (stuck,) = make_batch(jctx, [], status=BatchStatus.VALIDATING, created_at=int(old))
+    (young,) = make_batch(jctx, [], status=BatchStatus.VALIDATING)
+    jctx.redis.delete("batch")
+    rep = janitor.sweep(jctx)
+    batch_of = {done: done.rsplit(".", 1)[0]}
+    assert rep.finalize == {batch_of[done]} and rep.validate == {stuck}
+    assert messages(jctx, "control") == [(TASK_VALIDATE, stuck),
+                                         (TASK_FINALIZE, batch_of[done])]
+    assert fresh and unfinished and young  # left alone: moving, unfinished, just created
+    janitor.sweep(jctx)  # the copies are still queued: nothing is sent twice
+    assert len(messages(jctx, "control")) == 2
