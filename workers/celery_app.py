@@ -88,7 +88,8 @@ class WorkerState:
                     raise Unavailable("this worker serves no chat model (run `inferq models "
                                       "import` and set INFERQ_CHAT_MODEL)")
                 self.generator = GenerationEngine(
-                    ChatModel(settings.chat_model, path),
+                    ChatModel(settings.chat_model, path,
+                              fault_oom_above_tokens=settings.fault_oom_above_tokens),
                     max_batch_rows=settings.max_generation_rows,
                     max_rows=settings.max_generation_rows * 2, on_step=record_step)
             return self.generator

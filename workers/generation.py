@@ -6,6 +6,14 @@ realtime may exceed the batch's row cap so it never waits for a slot — with a
 prefill whose cache is merged into the running batch, and (3) runs one decode
 step for every running sequence. Work from all sources (realtime, jobs, batch
 shards, flex) shares the same forward passes.
+
+Out of memory: a prefill that does not fit is split in halves; a sequence that
+does not fit while others hold memory waits for them, and one that does not fit
+alone fails by itself. A decode step that does not fit preempts the newest,
+least urgent half of the batch: those sequences go back to the queue with what
+they generated so far and resume by a prefill of prompt + output (nothing is
+sent twice), and the row cap shrinks to what fitted, growing back one row per
+``GROW_EVERY`` clean steps.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ from typing import Any, Protocol
 
 import torch
 
+from workers.engine import is_oom
 from workers.runtime.chat import KV, ChatModel
 
 log = logging.getLogger("inferq.generation")
+GROW_EVERY = 8  # clean steps per row the out-of-memory cap grows back
 
 
 class Sink(Protocol):
@@ -59,12 +69,18 @@ class _Seq:
     req: GenRequest
     sink: Sink
     priority: int
+    order: int
     generated: list[int] = field(default_factory=list)
     emitted: int = 0  # characters of decoded text already delivered
     gen: torch.Generator | None = None
     pos: int = 0
     done: bool = False
     rows: int = 0
+    started: bool = False
+
+    def tokens(self) -> list[int]:
+        """What a (re)starting prefill runs: the prompt plus anything generated."""
+        return self.req.prompt + self.generated
 
 
 @dataclass
@@ -74,6 +90,9 @@ class GenStats:
     tokens: int = 0
     tokens_by_priority: dict[int, int] = field(default_factory=dict)
     max_rows: int = 0
+    oom_splits: int = 0  # prefills split in halves
+    preemptions: int = 0  # sequences sent back to the queue by a decode step's OOM
+    oom_failures: int = 0  # sequences that did not fit even alone
     step_s: float = 0.0
     recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -82,7 +101,8 @@ class GenStats:
         p99 = steps[int(0.99 * (len(steps) - 1))] if steps else 0.0
         return {"steps": self.steps, "prefills": self.prefills, "tokens": self.tokens,
                 "tokens_by_priority": {str(k): v for k, v in self.tokens_by_priority.items()},
-                "max_rows": self.max_rows,
+                "max_rows": self.max_rows, "oom_splits": self.oom_splits,
+                "preemptions": self.preemptions, "oom_failures": self.oom_failures,
                 "step_s": self.step_s, "recent_step_p99_s": p99,
                 "recent_step_p50_s": steps[len(steps) // 2] if steps else 0.0}
 
@@ -100,6 +120,8 @@ class GenerationEngine:
         self._waiting: list[tuple[int, int, _Seq]] = []
         self._running: list[_Seq] = []
         self._kv: KV | None = None
+        self._fit_rows: int | None = None  # rows that fitted when memory last ran out
+        self._clean_steps = 0
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
@@ -107,11 +129,14 @@ class GenerationEngine:
         self._thread.start()
 
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
-        s = _Seq(req, sink, priority, pos=len(req.prompt))
+        s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
         if req.seed is not None:
             s.gen = torch.Generator().manual_seed(req.seed)
+        self._enqueue(s)
+
+    def _enqueue(self, s: _Seq) -> None:
         with self._cond:
-            heapq.heappush(self._waiting, (priority, next(self._seq), s))
+            heapq.heappush(self._waiting, (s.priority, s.order, s))
             self._cond.notify()
 
     def load(self) -> tuple[int, int]:
@@ -153,18 +178,19 @@ class GenerationEngine:
         budget = self.max_prefill_tokens
         rows = len(self._running)
         batch_rows = sum(s.priority != 0 for s in self._running)  # realtime takes no slot
+        cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
         while self._waiting:
             prio, _, s = self._waiting[0]
-            full = rows >= self.max_rows or (prio != 0 and batch_rows >= self.max_batch_rows)
-            if full or (out and len(s.req.prompt) > budget):
+            full = rows >= cap or (prio != 0 and batch_rows >= self.max_batch_rows)
+            if full or (out and len(s.tokens()) > budget):
                 break
             heapq.heappop(self._waiting)
-            if s.sink.cancelled():
+            if s.done or s.sink.cancelled():
                 continue
             out.append(s)
             rows += 1
             batch_rows += prio != 0
-            budget -= len(s.req.prompt)
+            budget -= len(s.tokens())
         return out
 
     def step(self, admitted: list[_Seq]) -> None:
@@ -172,25 +198,48 @@ class GenerationEngine:
         t0 = time.perf_counter()
         self._drop_cancelled()
         prev = self._running
+        joined: list[_Seq] = []
         new_kv = None
+        oom = False
         if admitted:  # prefill first: a joining realtime sequence gets its token now
             for s in admitted:
-                s.sink.start()
-            logits, new_kv = self.model.prefill([s.req.prompt for s in admitted])
-            self.stats.prefills += 1
-            self._advance(admitted, logits)
+                if not s.started:
+                    s.started = True
+                    s.sink.start()
+            deferred: list[_Seq] = []
+            for group, logits, kv in self._prefill(admitted, bool(prev), deferred):
+                for s in group:
+                    s.pos = len(s.tokens())
+                self._advance(group, logits)
+                new_kv = KV.concat(new_kv, kv)
+                joined += group
+            for s in deferred:  # it fits once some of the batch has finished
+                self._enqueue(s)
+            if deferred:
+                self._fit_rows = max(1, len(prev) + len(joined))
+            oom = len(joined) < len(admitted)
         if prev:
             assert self._kv is not None
             last = [s.generated[-1] for s in prev]
-            logits, self._kv = self.model.decode_step(last, [s.pos for s in prev], self._kv)
-            for s in prev:
-                s.pos += 1
-            self._advance(prev, logits)
+            try:
+                logits, kv = self.model.decode_step(last, [s.pos for s in prev], self._kv)
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+                prev, oom = self._shed(prev, e), True
+            else:
+                self._kv = kv
+                for s in prev:
+                    s.pos += 1
+                self._advance(prev, logits)
         if new_kv is not None:
             self._kv = KV.concat(self._kv if prev else None, new_kv)
-            self._running = prev + admitted
+        self._running = prev + joined
+        if not self._running:
+            self._kv = None
         rows = len(self._running)
         self._reap()
+        self._grow_back(oom)
         dt = time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.step_s += dt
@@ -198,6 +247,65 @@ class GenerationEngine:
         self.stats.max_rows = max(self.stats.max_rows, rows)
         if self.on_step is not None:
             self.on_step(rows, dt)
+
+    # Out of memory ---------------------------------------------------------------------
+    def _prefill(self, seqs: list[_Seq], crowded: bool, deferred: list[_Seq]
+                 ) -> list[tuple[list[_Seq], torch.Tensor, KV]]:
+        """Prefill ``seqs``, in halves while they do not fit. ``crowded``: other
+        sequences hold memory, so one that does not fit is deferred, not failed."""
+        try:
+            logits, kv = self.model.prefill([s.tokens() for s in seqs])
+            self.stats.prefills += 1
+            return [(seqs, logits, kv)]
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            self.stats.oom_splits += 1
+            if len(seqs) > 1:
+                half = len(seqs) // 2
+                first = self._prefill(seqs[:half], crowded, deferred)
+                return first + self._prefill(seqs[half:], crowded or bool(first), deferred)
+            if crowded:
+                deferred.append(seqs[0])
+            else:
+                self._fail_alone(seqs[0], e)
+            return []
+
+    def _shed(self, prev: list[_Seq], e: Exception) -> list[_Seq]:
+        """A decode step ran out of memory: keep the most urgent, oldest half of the
+        batch and send the rest back to the queue (or fail a sequence that is alone)."""
+        if len(prev) == 1:
+            self._fail_alone(prev[0], e)
+            self._kv = None
+            return []
+        assert self._kv is not None
+        ranked = sorted(range(len(prev)), key=lambda i: (prev[i].priority, prev[i].order))
+        keep = sorted(ranked[: len(prev) // 2])
+        for i in ranked[len(prev) // 2:]:
+            self._enqueue(prev[i])
+            self.stats.preemptions += 1
+        self._kv = self._kv.select(keep).trim()
+        self._fit_rows = len(keep)
+        log.warning("out of memory at %d rows: %d sent back to the queue", len(prev),
+                    len(prev) - len(keep))
+        return [prev[i] for i in keep]
+
+    def _fail_alone(self, s: _Seq, e: Exception) -> None:
+        s.done = True
+        self.stats.oom_failures += 1
+        s.sink.fail(MemoryError(f"this request ({len(s.tokens())} tokens) does not fit in "
+                                f"the accelerator's memory even alone: {e}"))
+
+    def _grow_back(self, oom: bool) -> None:
+        if oom or self._fit_rows is None:
+            self._clean_steps = 0
+            return
+        self._clean_steps += 1
+        if self._clean_steps >= GROW_EVERY:
+            self._clean_steps = 0
+            self._fit_rows += 1
+            if self._fit_rows >= self.max_rows:
+                self._fit_rows = None
 
     def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample one token per row, deliver text, mark finished sequences."""

@@ -26,7 +26,7 @@ from jobs.errors import InferqError, Unavailable
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
 from workers.engine import JOBS, REALTIME, Engine
 from workers.generation import Collect, Usage, build_request
-from workers.responses import dumps, embeddings_body
+from workers.responses import dumps, embeddings_body, failure
 
 log = logging.getLogger("inferq.lanes")
 
@@ -102,9 +102,9 @@ class RealtimeConsumer(threading.Thread):
             try:
                 body = embeddings_body(req, [f.result() for f in futures], ntok)
                 self.reply(rid, {"body": orjson.Fragment(dumps(body))})
-            except Exception as e:  # noqa: BLE001 - returned to the caller as a 500
-                self.reply(rid, {"status": 500, "error": {"message": f"inference failed: {e}",
-                                                          "type": "server_error"}})
+            except Exception as e:  # noqa: BLE001 - returned to the caller as its error
+                status, err = failure(e)
+                self.reply(rid, {"status": status, "error": err})
 
         for f in futures:
             f.add_done_callback(done)
@@ -221,8 +221,7 @@ class PubSink:
                     "batch_rows": usage.batch_rows})
 
     def fail(self, error: Exception) -> None:
-        self.error(500, {"message": f"generation failed: {error}", "type": "server_error",
-                         "param": None, "code": "server_error"})
+        self.error(*failure(error))
 
     def error(self, status: int, err: dict[str, Any]) -> None:
         self._send({"t": "error", "status": status, "error": err})
@@ -308,13 +307,11 @@ class JobsConsumer(threading.Thread):
             result = orjson.loads(dumps(body))
             asyncjobs.complete(self.ctx, job.id, self.token, result, None)
         except Exception as e:  # noqa: BLE001 - recorded on the job
-            asyncjobs.complete(self.ctx, job.id, self.token, None,
-                               {"code": "server_error", "message": str(e)})
+            asyncjobs.complete(self.ctx, job.id, self.token, None, failure(e)[1])
 
     def finish_generation(self, job: Any, c: Collect) -> None:
         if c.error is not None:
-            asyncjobs.complete(self.ctx, job.id, self.token, None,
-                               {"code": "server_error", "message": str(c.error)})
+            asyncjobs.complete(self.ctx, job.id, self.token, None, failure(c.error)[1])
             return
         build = shapes.chat_completion if job.endpoint == CHAT else shapes.text_completion
         body = build(job.body["model"], c.text, c.reason, c.usage.prompt_tokens,

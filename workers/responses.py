@@ -42,3 +42,15 @@ def http_error_line(custom_id: str, status: int, message: str, code: str,
                                "body": {"error": {"message": message, "type": etype,
                                                   "param": None, "code": code}}},
                   "error": None}) + b"\n"
+
+
+def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and OpenAI error object for an inference that raised.
+
+    MemoryError reaches a request only after it was tried alone (the engines split
+    batches that run out of memory), so it is the request's size, not a fault."""
+    if isinstance(e, MemoryError):
+        return 413, {"message": str(e), "type": "invalid_request_error", "param": None,
+                     "code": "request_too_large"}
+    return 500, {"message": f"inference failed: {e}", "type": "server_error", "param": None,
+                 "code": "server_error"}

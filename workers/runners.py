@@ -17,7 +17,7 @@ from jobs.errors import InferqError, InvalidRequest
 from jobs.requests import CHAT, parse_embeddings
 from workers.engine import Engine
 from workers.generation import Collect, GenerationEngine, build_request
-from workers.responses import embeddings_body, http_error_line, ok_line
+from workers.responses import embeddings_body, failure, http_error_line, ok_line
 
 Lines = tuple[bytes, bytes, int, int, int]
 
@@ -40,7 +40,8 @@ def _bad(custom_id: str, message: str) -> bytes:
 
 
 def _failed(custom_id: str, e: Exception) -> bytes:
-    return http_error_line(custom_id, 500, f"inference failed: {e}", "server_error")
+    status, err = failure(e)
+    return http_error_line(custom_id, status, err["message"], err["code"], err["type"])
 
 
 class EmbeddingRunner:

@@ -37,3 +37,9 @@ def lines(sdk: Any, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [json.loads(x) for x in sdk.files.content(file_id).read().splitlines() if x]
+
+
+def chat_line(i: int | str, content: str, model: str, max_tokens: int = 8) -> dict[str, Any]:
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "temperature": 0, "max_tokens": max_tokens,
+                     "messages": [{"role": "user", "content": content}]}}

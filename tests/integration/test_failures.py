@@ -51,6 +51,23 @@ def recomputed(fstack, batch_id: str, total: int) -> int:
     return int(r.get(computed_key(batch_id)) or 0) - total
 
 
+def worker_stats(fstack, engine: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """An engine's counters from the heartbeat of the one worker running it."""
+    import json
+
+    import redis
+
+    r = redis.Redis.from_url(fstack.settings.redis_url)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        for key in r.scan_iter(match="inferq:workers:*"):
+            stats = json.loads(r.get(key) or "{}").get("stats", {})
+            if engine in stats:
+                return dict(stats[engine])
+        time.sleep(0.5)
+    raise TimeoutError(f"no worker reports a {engine} engine")
+
+
 def batch_rows(n: int) -> list[dict[str, Any]]:
     return [emb_line(i, f"sentence number {i} about cats and markets " * (1 + i % 5))
             for i in range(n)]
@@ -147,8 +164,39 @@ def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ct
     exactly_once(fsdk, b, rows)
     errs = lines(fsdk, b.error_file_id)
     assert [e["custom_id"] for e in errs] == ["req-huge"]
+    assert errs[0]["response"]["status_code"] == 413
+    assert errs[0]["response"]["body"]["error"]["code"] == "request_too_large"
     assert "does not fit" in errs[0]["response"]["body"]["error"]["message"]
     assert b.request_counts.completed == 200
+
+
+def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    """The chat engine under injected OOM (rows x cache width above 400 tokens): decode
+    steps that do not fit send sequences back to the queue, which resume where they
+    were; the one prompt that does not fit even alone fails by itself."""
+    from tests.integration.helpers import chat_line
+
+    chat = "SmolLM2-135M-Instruct"
+    rows = [chat_line(i, f"Name a colour, number {i}.", chat, max_tokens=12)
+            for i in range(12)]
+    rows.insert(5, chat_line("huge", "Tell me about " + "the weather " * 300, chat,
+                             max_tokens=4))
+    workers("chat-oom", INFERQ_CHAT_MODEL=chat, INFERQ_FAULT_OOM_ABOVE_TOKENS="400",
+            INFERQ_WORKER_HEARTBEAT_S="1")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/chat/completions", completion_window="24h")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed", b
+    exactly_once(fsdk, b, rows)
+    errs = lines(fsdk, b.error_file_id)
+    assert [e["custom_id"] for e in errs] == ["req-huge"]
+    assert errs[0]["response"]["status_code"] == 413
+    assert "does not fit" in errs[0]["response"]["body"]["error"]["message"]
+    outs = lines(fsdk, b.output_file_id)
+    assert len(outs) == 12
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] > 0 for o in outs)
+    stats = worker_stats(fstack, "generation")
+    assert stats["preemptions"] > 0 and stats["oom_failures"] == 1
 
 
 def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]

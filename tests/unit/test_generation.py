@@ -129,3 +129,54 @@ def test_stop_helpers() -> None:
     assert _holdback("hello wo", ["world"]) == 2  # might become "world": hold "wo"
     assert _holdback("hello", ["world"]) == 0
     assert _holdback("caf\ufffd", []) == 1  # a torn UTF-8 character waits for the rest
+
+
+@pytest.fixture
+def oom_above(tiny: ChatModel):  # type: ignore[no-untyped-def]
+    """Inject out-of-memory into the tiny model above ``rows x width`` tokens."""
+
+    def set_limit(tokens: int) -> None:
+        tiny.fault_oom_above_tokens = tokens
+
+    yield set_limit
+    tiny.fault_oom_above_tokens = 0
+
+
+def test_decode_out_of_memory_preempts_and_resumes_exactly(tiny: ChatModel, oom_above) -> None:  # type: ignore[no-untyped-def]
+    prompts = [tiny.prompt_ids(t) for t in (
+        "a cat", "the stock market fell sharply", "one two three four", "hello",
+        "a kitten rests on a rug", "x y")]
+    reqs = [GenRequest(prompt=p, max_new_tokens=16, temperature=0) for p in prompts]
+    width = max(len(p) for p in prompts)
+    oom_above(len(prompts) * (width + 6))  # the whole batch fits for a few steps only
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8)
+    try:
+        sinks = run(engine, reqs)
+    finally:
+        engine.stop()
+    assert engine.stats.preemptions > 0 and engine.stats.oom_failures == 0
+    for p, s in zip(prompts, sinks, strict=True):  # resumed sequences lost and repeated nothing
+        assert s.error is None and s.usage.completion_tokens == 16
+        assert s.text == tiny.decode(alone(tiny, p, 16))
+
+
+def test_prefill_out_of_memory_splits_and_too_long_fails_alone(tiny: ChatModel, oom_above) -> None:  # type: ignore[no-untyped-def]
+    short = [tiny.prompt_ids(t) for t in ("a cat", "hello there", "x y", "one two")]
+    long = tiny.prompt_ids(" ".join(["word"] * 60))
+    oom_above(len(long) - 1)  # the long prompt does not fit even alone; each short one does
+    reqs = [GenRequest(prompt=p, max_new_tokens=4, temperature=0) for p in short]
+    reqs.insert(2, GenRequest(prompt=long, max_new_tokens=4, temperature=0))
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8)
+    try:
+        sinks = [Collect() for _ in reqs]
+        for r, s in zip(reqs, sinks, strict=True):
+            engine.submit(r, s, 2)
+        for s in sinks:
+            assert s.event.wait(120)
+    finally:
+        engine.stop()
+    failed = sinks.pop(2)
+    assert isinstance(failed.error, MemoryError) and "does not fit" in str(failed.error)
+    assert engine.stats.oom_splits > 0 and engine.stats.oom_failures == 1
+    for p, s in zip(short, sinks, strict=True):
+        assert s.error is None and s.text == tiny.decode(alone(tiny, p, 4))

@@ -72,8 +72,10 @@ class KV:
 class ChatModel:
     """Loaded once per worker process; only the engine thread calls prefill/decode."""
 
-    def __init__(self, model_id: str, path: Path) -> None:
+    def __init__(self, model_id: str, path: Path, fault_oom_above_tokens: int = 0) -> None:
         self.model_id = model_id
+        # Fault injection (tests): out of memory when rows x width exceeds this.
+        self.fault_oom_above_tokens = fault_oom_above_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
@@ -105,6 +107,7 @@ class ChatModel:
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, KV]:
         """Run new prompts (left-padded together); returns last-position logits and cache."""
         width = max(len(p) for p in prompts)
+        self._fault(len(prompts), width)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -120,6 +123,7 @@ class ChatModel:
     def decode_step(self, last: list[int], positions: list[int], kv: KV
                     ) -> tuple[torch.Tensor, KV]:
         """Feed one token per row; returns next-token logits and the grown cache."""
+        self._fault(kv.rows, kv.width + 1)
         ids = torch.tensor(last, dtype=torch.long, device=self.device).unsqueeze(1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(1)
         mask = torch.cat([kv.mask, kv.mask.new_ones((kv.rows, 1))], dim=1)
@@ -127,6 +131,11 @@ class ChatModel:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                          cache=cache, use_cache=True)
         return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
+
+    def _fault(self, rows: int, width: int) -> None:
+        limit = self.fault_oom_above_tokens
+        if limit and rows * width > limit:
+            raise torch.OutOfMemoryError(f"injected: {rows} x {width} tokens is over {limit}")
 
     @staticmethod
     def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
