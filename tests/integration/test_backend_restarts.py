@@ -1,0 +1,179 @@
+"""Failure matrix cases 4 and 5 mid-batch: the broker (Redis) or the database
+(PostgreSQL) restarts while shards run.
+
+The module starts its own redis-server (AOF on, a TCP port of its own) and its own
+PostgreSQL (pgserver), never the machine's, and a whole stack on them: API,
+control worker and two model workers. A backend is stopped while shards run and
+started again on the same data dir. The workers must recover by themselves (the
+same processes, none restarted), the batch must complete with every custom_id
+exactly once, and recomputation must stay within one chunk per shard that was
+running when the backend went away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.context import Context
+from storage.embedded import EmbeddedPostgres, EmbeddedRedis
+from tests.conftest import AWS_ENV, free_port
+from tests.integration.conftest import CHUNK
+from tests.integration.helpers import jsonl, upload, wait
+from tests.integration.test_failures import (
+    batch_rows,
+    exactly_once,
+    recomputed,
+    shards,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    r = EmbeddedRedis(tmp_path_factory.mktemp("broker"), port=free_port())
+    yield r
+    r.stop()
+
+
+class Database:
+    """A private PostgreSQL that can be stopped and started on the same data dir."""
+
+    def __init__(self, pgdata: Path) -> None:
+        self.pgdata = pgdata
+        self.pg = EmbeddedPostgres(pgdata)
+        self.url = self.pg.url
+
+    def stop(self) -> None:
+        self.pg.stop()
+
+    def start(self) -> None:
+        self.pg = EmbeddedPostgres(self.pgdata)
+        assert self.pg.url == self.url
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    db = Database(tmp_path_factory.mktemp("database") / "pg")
+    yield db
+    db.stop()
+
+
+@pytest.fixture(scope="module")
+def rstack(settings, broker, database, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from api.stack import Stack
+
+    st = settings.model_copy(update={"redis_url": broker.url, "database_url": database.url,
+                                     "chunk_rows": CHUNK, "shard_rows": 400,
+                                     "lease_seconds": 3.0, "janitor_interval_s": 1.0,
+                                     "chat_model": "", "data_dir": tmp_path_factory.mktemp("d")})
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
+           "INFERQ_SHARD_ROWS": "400", "INFERQ_LEASE_SECONDS": "3",
+           "INFERQ_JANITOR_INTERVAL_S": "1", "INFERQ_STRANDED_SHARD_S": "5",
+           "INFERQ_CHAT_MODEL": ""}
+    stack = Stack(st, port=free_port(), extra_env=env,
+                  log_dir=tmp_path_factory.mktemp("rlogs"), model_workers=0)
+    stack.start(api=True, workers=True)
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def rctx(rstack) -> Iterator[Context]:  # type: ignore[no-untyped-def]
+    c = Context(rstack.settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rsdk(rstack):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=rstack.base_url + "/v1", api_key=rstack.api_key,
+                  _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def two_workers(rstack, broker) -> Iterator[list[Any]]:  # type: ignore[no-untyped-def]
+    start = time.time() - 1
+    procs = [rstack.start_model_worker(f"r{i}-{time.monotonic_ns()}", "batch")
+             for i in range(2)]
+    wait_for(lambda: len(heartbeats(broker.url, since=start)) >= 2, timeout=120,
+             what="both workers up")
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def heartbeats(url: str, since: float = 0) -> set[str]:
+    """Workers that announced themselves after ``since``."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    infos = [json.loads(r.get(k) or "{}") for k in r.scan_iter("inferq:workers:*")]
+    return {i["name"] for i in infos if i.get("at", 0) > since}
+
+
+def start_batch(rsdk, rctx, n: int) -> tuple[Any, list[dict[str, Any]], int]:  # type: ignore[no-untyped-def]
+    """A batch of ``n`` rows, returned once shards are running with chunks committed;
+    also how many shards were running at that moment."""
+    rows = batch_rows(n)
+    b = rsdk.batches.create(input_file_id=upload(rsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: sum(s.chunks_done for s in shards(rctx, b.id)) >= 4
+             and any(s.status == "running" for s in shards(rctx, b.id)),
+             what="shards in progress")
+    return b, rows, sum(s.status == "running" for s in shards(rctx, b.id))
+
+
+def finish(rstack, rsdk, b, rows, running: int, procs: list[Any]) -> None:  # type: ignore[no-untyped-def]
+    b = wait(rsdk, b.id, timeout=300)
+    assert b.status == "completed" and b.request_counts.completed == len(rows), b
+    exactly_once(rsdk, b, rows)
+    assert all(p.poll() is None for p in procs), "a worker died instead of recovering"
+    assert 0 <= recomputed(rstack, b.id, len(rows)) <= CHUNK * max(running, 1)
+    # And the service still takes new work on the same workers.
+    more = batch_rows(120)
+    b2 = rsdk.batches.create(input_file_id=upload(rsdk, jsonl(more)).id,
+                             endpoint="/v1/embeddings", completion_window="24h")
+    b2 = wait(rsdk, b2.id, timeout=180)
+    assert b2.status == "completed"
+    exactly_once(rsdk, b2, more)
+
+
+def test_redis_restart_mid_batch(rstack, rsdk, rctx, broker, two_workers) -> None:  # type: ignore[no-untyped-def]
+    b, rows, running = start_batch(rsdk, rctx, 1600)
+    restarted_at = time.time()
+    broker.stop()  # SIGTERM: redis-server fsyncs its AOF and exits
+    time.sleep(4)  # longer than the DB lease: the janitor cannot reach Redis either
+    broker.start()  # same port, same data dir: queued messages come back
+    finish(rstack, rsdk, b, rows, running, two_workers)
+    assert len(heartbeats(broker.url, since=restarted_at)) == 2  # reconnected, announcing
+
+
+def test_postgres_restart_mid_batch(rstack, rsdk, rctx, database, two_workers) -> None:  # type: ignore[no-untyped-def]
+    b, rows, running = start_batch(rsdk, rctx, 1600)
+    rctx.db.dispose()
+    database.stop()
+    # Meanwhile the API answers 503 with retry-after, never 500.
+    req = urllib.request.Request(f"{rstack.base_url}/v1/batches/{b.id}",
+                                 headers={"Authorization": f"Bearer {rstack.api_key}"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 503 and e.value.headers["retry-after"]
+    time.sleep(4)  # longer than the lease: workers' checkpoints and renewals fail
+    database.start()
+    finish(rstack, rsdk, b, rows, running, two_workers)
