@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.generation
 	$(BIN)/python -m bench.realtime
+	$(BIN)/python -m bench.chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -15,6 +16,12 @@ from rich.markup import escape
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def spread(xs: list[float]) -> str:

@@ -11,19 +11,12 @@ Workload: bench.workload.texts(N, seed=0).
 from __future__ import annotations
 
 import argparse
-import socket
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import report, spread
+from bench.common import free_port, report, spread
 from bench.workload import texts, write_embeddings_jsonl
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def raw_loop(model, policy, inputs: list[str]) -> float:  # type: ignore[no-untyped-def]

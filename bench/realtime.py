@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
 import tempfile
 import threading
@@ -23,17 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import report
+from bench.common import free_port, report
 from bench.generation import prompts
 
 MODEL = "SmolLM2-135M-Instruct"
 BATCH_PRIORITY = "2"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(xs: list[float], q: float) -> float:
