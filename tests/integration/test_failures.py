@@ -195,8 +195,10 @@ def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers
     outs = lines(fsdk, b.output_file_id)
     assert len(outs) == 12
     assert all(o["response"]["body"]["usage"]["completion_tokens"] > 0 for o in outs)
-    stats = worker_stats(fstack, "generation")
-    assert stats["preemptions"] > 0 and stats["oom_failures"] == 1
+    # The heartbeat publishes the engine's counters every second.
+    wait_for(lambda: worker_stats(fstack, "generation")["oom_failures"] == 1, timeout=15,
+             what="the worker to report the failure")
+    assert worker_stats(fstack, "generation")["preemptions"] > 0
 
 
 def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]

@@ -21,18 +21,21 @@ from tests.conftest import free_port, fresh_database
 
 
 @pytest.fixture
-def jctx(settings, pg_admin_url, isolated_redis_url) -> Iterator[Context]:  # type: ignore[no-untyped-def]
-    """A database of its own: the sweep acts on every batch it finds, and other tests'
-    control workers sweep the session's database."""
+def jctx(settings, pg_admin_url, redis_url) -> Iterator[Context]:  # type: ignore[no-untyped-def]
+    """A database and a Redis DB of its own: the sweep acts on every batch it finds,
+    and other tests' control workers sweep the session's database and consume the
+    isolated Redis DB's control queue."""
+    base, _, db = redis_url.rpartition("/")
+    own_redis = f"{base}/{(int(db) + 2) % 16}"
     with fresh_database(pg_admin_url) as url:
         c = Context(settings.model_copy(update={
-            "database_url": url, "redis_url": isolated_redis_url, "max_shard_attempts": 3,
+            "database_url": url, "redis_url": own_redis, "max_shard_attempts": 3,
             "stranded_shard_s": 60}))
-        c.redis.delete("batch", "flex", "control")
+        c.redis.flushdb()
         try:
             yield c
         finally:
-            c.redis.delete("batch", "flex", "control")
+            c.redis.flushdb()
             c.close()
 
 
