@@ -153,6 +153,32 @@ def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, ctx) -> Non
     assert b.request_counts.completed == len(lines(fsdk, b.output_file_id)) > 0
 
 
+def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    from workers.pipeline import computed_key
+
+    rows = batch_rows(1600)
+    workers("c1")
+    workers("c2")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: sum(s.chunks_done for s in shards(ctx, b.id)) >= 2
+             and any(s.status == "running" for s in shards(ctx, b.id)), what="progress")
+    r = redis.Redis.from_url(fstack.settings.redis_url)
+    running = sum(s.status == "running" for s in shards(ctx, b.id))
+    at_cancel = int(r.get(computed_key(b.id)) or 0)
+    assert fsdk.batches.cancel(b.id).status == "cancelling"
+    b = wait(fsdk, b.id, timeout=120)
+    assert b.status == "cancelled"
+    exactly_once(fsdk, b, rows)
+    out, errs = lines(fsdk, b.output_file_id), lines(fsdk, b.error_file_id)
+    assert len(out) == b.request_counts.completed >= at_cancel > 0  # results so far kept
+    assert errs and {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+    # Each running shard finished at most the chunk it was computing.
+    assert int(r.get(computed_key(b.id)) or 0) - at_cancel <= CHUNK * running
+
+
 def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(200)
     rows.append(emb_line("huge", "a very long sentence about everything " * 60))
