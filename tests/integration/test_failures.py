@@ -179,6 +179,29 @@ def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, ctx) 
     assert int(r.get(computed_key(b.id)) or 0) - at_cancel <= CHUNK * running
 
 
+def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    """Case 6 with real processes: the workers reach S3 through a proxy that throttles
+    (503 SlowDown) or drops about one request in five, in bursts that outlast
+    botocore's own retries. Nothing is lost or written twice, and results are only
+    recomputed when a whole shard attempt gave up, one chunk at most each time."""
+    from tests.integration.flaky_proxy import FlakyProxy
+
+    rows = batch_rows(800)
+    with FlakyProxy(os.environ["AWS_ENDPOINT_URL"], every=40, burst=7, single=6) as proxy:
+        workers("flaky1", AWS_ENDPOINT_URL=proxy.url)
+        workers("flaky2", AWS_ENDPOINT_URL=proxy.url)
+        b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                                endpoint="/v1/embeddings", completion_window="24h")
+        b = wait(fsdk, b.id, timeout=300)
+        injected = proxy.throttled + proxy.dropped
+    assert b.status == "completed" and b.request_counts.completed == 800, b
+    exactly_once(fsdk, b, rows)
+    assert injected >= 10 and proxy.forwarded > 0, (proxy.throttled, proxy.dropped)
+    got = shards(ctx, b.id)
+    retried_attempts = sum(s.attempt for s in got) - len(got)
+    assert 0 <= recomputed(fstack, b.id, 800) <= CHUNK * retried_attempts
+
+
 def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(200)
     rows.append(emb_line("huge", "a very long sentence about everything " * 60))
