@@ -15,11 +15,10 @@ Checked after each run, from the downloaded output and error files: every
 custom_id exactly once (lost = missing, duplicated = more than once). Reported:
 wall time, shard attempts, and two measures of redone work from the workers'
 counters: rows computed twice (results produced but not committed before an
-interruption, ``inferq:computed:<batch>`` beyond the total: at most one chunk
+interruption, the shards' ``rows_computed`` beyond the total: at most one chunk
 per interruption) and rows started again (handed to the engine more than once,
-``inferq:started:<batch>``: also counts the chunk a kill cut short and the one
-queued behind it), and the slowdown (chaos wall time ÷ undisturbed wall time of
-the same round).
+``rows_started``: also counts the chunk a kill cut short), and the slowdown
+(chaos wall time ÷ undisturbed wall time of the same round).
 
 Workload: bench.workload.texts(N, seed=0). The lease is shortened to --lease
 seconds so a killed worker's shard is handed on sooner; everything else is the
@@ -170,12 +169,10 @@ def chaos(stack: Any, sup: Supervisor, redis_server: Any, client: Any, batch_id:
 
 def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
         ids: set[str], args: argparse.Namespace, disturbed: bool) -> dict[str, Any]:
-    import redis
     from sqlalchemy import select
 
     from jobs.context import Context
     from jobs.models import Shard
-    from workers.pipeline import computed_key
 
     ev = Events()
     sup.fill()
@@ -206,14 +203,13 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
     seen = Counter(json.loads(x)["custom_id"] for x in out + err if x)
     ctx = Context(stack.settings)
     with ctx.db.session() as s:
-        rows = s.execute(select(Shard.attempt, Shard.stalls).where(Shard.batch_id == b.id)).all()
-    attempts, stalls = [a for a, _ in rows], [x for _, x in rows]
+        rows = s.execute(select(Shard.attempt, Shard.stalls, Shard.rows_started,
+                                Shard.rows_computed).where(Shard.batch_id == b.id)).all()
+    attempts, stalls = [r[0] for r in rows], [r[1] for r in rows]
+    started, computed = sum(r[2] for r in rows), sum(r[3] for r in rows)
     ctx.close()
     starts = sup.startup_s(wall0)
     lives = sup.lives_s(wall0, time.time())
-    r = redis.Redis.from_url(stack.settings.redis_url)
-    computed = int(r.get(computed_key(b.id)) or 0)
-    started = int(r.get(computed_key(b.id, "started")) or 0)
     return {
         "disturbed": disturbed, "status": b.status, "wall_s": wall,
         "requests": len(ids), "completed": b.request_counts.completed,

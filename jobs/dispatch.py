@@ -39,8 +39,13 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         # One shard at a time per worker process, nothing reserved behind it.
         "worker_prefetch_multiplier": 1,
-        # A broker reconnect would otherwise run acks_late tasks twice.
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # On a broker reconnect the running shard's message cannot be acked any more
+        # and will be delivered again. Celery's remedy (True) kills the running task:
+        # the pool child is replaced, reloads the model, and the chunk in flight is
+        # lost. Here a second delivery is harmless (the DB lease makes it a no-op), so
+        # shards keep running through a Redis restart; measured in
+        # tests/integration/test_backend_restarts.py and docs/RELIABILITY.md.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_retry_on_startup": True,
         "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
         "task_default_queue": "control",

@@ -125,6 +125,10 @@ class Shard(Base):
     # however often its workers die, while one that kills every worker is.
     stalls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     claimed_chunks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Rows handed to the engine / with results produced, by every attempt (fenced
+    # or not): beyond ``rows``, work that interruptions made us redo.
+    rows_started: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    rows_computed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)

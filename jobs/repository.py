@@ -95,6 +95,12 @@ def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: in
     return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
+def count_rows(s: Session, shard_id: str, started: int, computed: int) -> None:
+    """Work accounting, unfenced: every attempt's work counts, committed or not."""
+    s.execute(update(Shard).where(Shard.id == shard_id).values(
+        rows_started=Shard.rows_started + started, rows_computed=Shard.rows_computed + computed))
+
+
 def renew_lease(s: Session, shard_id: str, token: str, ttl_s: float) -> bool:
     res = s.execute(update(Shard).where(Shard.id == shard_id, Shard.lease_token == token)
                     .values(lease_expires_at=time.time() + ttl_s))

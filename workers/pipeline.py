@@ -113,19 +113,18 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
 
     def submit(n: int) -> Any:
-        if n >= len(chunks):
-            return None
-        count_rows(ctx, batch_id, len(chunks[n]), "started")
-        return runner.submit(chunks[n], prio)
+        return runner.submit(chunks[n], prio) if n < len(chunks) else None
 
     nxt = submit(0)
+    if chunks:
+        count_rows(ctx, shard_id, len(chunks[0]), 0)
     for n, _ in enumerate(chunks):
         assert nxt is not None
         cur = nxt
         c = start_chunk + n
         nxt = submit(n + 1)
         ok, err, completed, failed, tokens = runner.collect(cur)
-        count_rows(ctx, batch_id, len(cur.rows), "computed")
+        count_rows(ctx, shard_id, len(nxt.rows) if nxt is not None else 0, len(cur.rows))
         if not healthy():
             runner.cancel(nxt)
             return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back",
@@ -151,21 +150,14 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
     return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, "done")
 
 
-def computed_key(batch_id: str, kind: str = "computed") -> str:
-    """Redis counters of a batch's rows: ``started`` (handed to the engine) and
-    ``computed`` (results produced, counted before they are committed). Beyond the
-    batch's total, they are work that interruptions made us redo."""
-    return f"inferq:{kind}:{batch_id}"
-
-
-def count_rows(ctx: Context, batch_id: str, rows: int, kind: str) -> None:
+def count_rows(ctx: Context, shard_id: str, started: int, computed: int) -> None:
+    """Rows handed to the engine and rows whose results were produced (counted before
+    they are committed), on the shard row: beyond its size, redone work."""
     try:
-        with ctx.redis.pipeline() as p:
-            p.incrby(computed_key(batch_id, kind), rows)
-            p.expire(computed_key(batch_id, kind), 7 * 24 * 3600)
-            p.execute()
-    except Exception as e:  # noqa: BLE001 - an accounting counter never stops the work
-        log.warning("counting %s rows failed: %s", kind, e)
+        with ctx.db.session() as s:
+            repo.count_rows(s, shard_id, started, computed)
+    except Exception as e:  # noqa: BLE001 - accounting never stops the work
+        log.warning("shard %s: counting rows failed: %s", shard_id, e)
 
 
 def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,
