@@ -108,11 +108,15 @@ def test_per_request_errors_go_to_error_file(sdk) -> None:  # type: ignore[no-un
     assert b.status == "completed"
     assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == \
         (22, 20, 2)
-    errs = {x["custom_id"]: x for x in lines(sdk, b.error_file_id)}
+    err_lines = lines(sdk, b.error_file_id)
+    errs = {x["custom_id"]: x for x in err_lines}
     assert set(errs) == {"bad-empty", "bad-type"}
     assert errs["bad-empty"]["response"]["status_code"] == 400
     assert errs["bad-empty"]["response"]["body"]["error"]["message"]
-    assert len(lines(sdk, b.output_file_id)) == 20
+    out = lines(sdk, b.output_file_id)
+    assert len(out) == 20
+    seen = Counter(x["custom_id"] for x in out + err_lines)
+    assert set(seen) == {r["custom_id"] for r in rows} and set(seen.values()) == {1}
 
 
 @pytest.mark.parametrize("case", ["malformed", "duplicate", "wrong_url", "unknown_model",
