@@ -50,6 +50,12 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
 
 
+def too_large(tokens: int, e: BaseException) -> MemoryError:
+    """The per-request error once a request ran out of memory on its own."""
+    return MemoryError(f"this request ({tokens} tokens) does not fit in the accelerator's "
+                       f"memory even alone: {e}")
+
+
 class Engine:
     def __init__(self, model: Model, policy: BatchPolicy,
                  on_batch: Any = None, on_pass: Any = None) -> None:
@@ -134,8 +140,7 @@ class Engine:
                     self._forward(prio, live[:half])
                     self._forward(prio, live[half:])
                     return
-                e = MemoryError(f"this input ({len(batch[0])} tokens) does not fit in the "
-                                f"accelerator's memory even alone: {e}")
+                e = too_large(len(batch[0]), e)
             elif self.on_pass is not None:
                 self.on_pass(False)
             for it in live:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.engine import is_oom
+from workers.engine import is_oom, too_large
 from workers.runtime.chat import KV, ChatModel
 
 log = logging.getLogger("inferq.generation")
@@ -293,8 +293,7 @@ class GenerationEngine:
     def _fail_alone(self, s: _Seq, e: Exception) -> None:
         s.done = True
         self.stats.oom_failures += 1
-        s.sink.fail(MemoryError(f"this request ({len(s.tokens())} tokens) does not fit in "
-                                f"the accelerator's memory even alone: {e}"))
+        s.sink.fail(too_large(len(s.tokens()), e))
 
     def _grow_back(self, oom: bool) -> None:
         if oom or self._fit_rows is None:

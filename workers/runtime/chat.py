@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from workers.runtime.faults import inject_oom
+
 
 @dataclass
 class KV:
@@ -107,7 +109,7 @@ class ChatModel:
     def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, KV]:
         """Run new prompts (left-padded together); returns last-position logits and cache."""
         width = max(len(p) for p in prompts)
-        self._fault(len(prompts), width)
+        inject_oom(self.fault_oom_above_tokens, len(prompts), width)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -123,7 +125,7 @@ class ChatModel:
     def decode_step(self, last: list[int], positions: list[int], kv: KV
                     ) -> tuple[torch.Tensor, KV]:
         """Feed one token per row; returns next-token logits and the grown cache."""
-        self._fault(kv.rows, kv.width + 1)
+        inject_oom(self.fault_oom_above_tokens, kv.rows, kv.width + 1)
         ids = torch.tensor(last, dtype=torch.long, device=self.device).unsqueeze(1)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(1)
         mask = torch.cat([kv.mask, kv.mask.new_ones((kv.rows, 1))], dim=1)
@@ -131,11 +133,6 @@ class ChatModel:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                          cache=cache, use_cache=True)
         return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
-
-    def _fault(self, rows: int, width: int) -> None:
-        limit = self.fault_oom_above_tokens
-        if limit and rows * width > limit:
-            raise torch.OutOfMemoryError(f"injected: {rows} x {width} tokens is over {limit}")
 
     @staticmethod
     def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from workers.runtime.faults import inject_oom
+
 
 def builtin_path(model_id: str) -> Path:
     if model_id == "all-MiniLM-L6-v2":
@@ -52,9 +54,7 @@ class EmbeddingModel:
         width = max(len(x) for x in batch)
         if self.fault_fail:
             raise RuntimeError("injected: the model failed")
-        if self.fault_oom_above_tokens and width * len(batch) > self.fault_oom_above_tokens:
-            raise torch.OutOfMemoryError(f"injected: {len(batch)} x {width} tokens is over "
-                                         f"{self.fault_oom_above_tokens}")
+        inject_oom(self.fault_oom_above_tokens, len(batch), width)
         ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, x in enumerate(batch):
