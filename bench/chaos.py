@@ -28,6 +28,7 @@ default configuration, the same for both runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -49,7 +50,6 @@ from bench.workload import texts, write_embeddings_jsonl
 @dataclass
 class Events:
     kills: int = 0
-    kill_times: list[float] = field(default_factory=list)
     sigterm_drain_s: float | None = None
     sigterm_exit: int | None = None
     redis_down_s: float | None = None
@@ -124,7 +124,7 @@ def progress(client: Any, batch_id: str, ev: Events) -> Any:
         return None
 
 
-def chaos(stack: Any, sup: Supervisor, redis_server: Any, client: Any, batch_id: str,
+def chaos(sup: Supervisor, redis_server: Any, client: Any, batch_id: str,
           total: int, args: argparse.Namespace, ev: Events, done: threading.Event,
           t0: float) -> None:
     rng = random.Random(args.seed)
@@ -161,7 +161,6 @@ def chaos(stack: Any, sup: Supervisor, redis_server: Any, client: Any, batch_id:
             p = sup.take(rng)
             kill_group(p)
             ev.kills += 1
-            ev.kill_times.append(time.perf_counter() - t0)
             ev.note(t0, f"SIGKILL worker pid {p.pid} at {frac:.0%}")
             sup.fill()
             next_kill = time.perf_counter() + args.kill_every * rng.uniform(0.5, 1.5)
@@ -185,7 +184,7 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
     done = threading.Event()
     th = None
     if disturbed:
-        th = threading.Thread(target=chaos, args=(stack, sup, redis_server, client, b.id,
+        th = threading.Thread(target=chaos, args=(sup, redis_server, client, b.id,
                                                   len(ids), args, ev, done, t0), daemon=True)
         th.start()
     while b.status not in ("completed", "failed", "cancelled", "expired"):
@@ -198,8 +197,6 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
     out = client.files.content(b.output_file_id).read().splitlines() \
         if b.output_file_id else []
     err = client.files.content(b.error_file_id).read().splitlines() if b.error_file_id else []
-    import json
-
     seen = Counter(json.loads(x)["custom_id"] for x in out + err if x)
     ctx = Context(stack.settings)
     with ctx.db.session() as s:

@@ -84,7 +84,7 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
             stalls = repo.stalled_attempts(sh)
             if stalls >= cap:
                 sh.status = ShardStatus.FAILED
-                sh.error = give_up_message(stalls)
+                sh.error = repo.give_up_message(stalls)
                 rep.failed.append(sh.id)
             else:
                 sh.status = ShardStatus.QUEUED
@@ -94,11 +94,6 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
         for batch_id in {sh.batch_id for sh in stale if sh.status == ShardStatus.FAILED}:
             if repo.unfinished_shards(s, batch_id) == 0:
                 rep.finalize.add(batch_id)
-
-
-def give_up_message(stalls: int) -> str:
-    return (f"gave up after {stalls} attempts in a row that committed nothing: each ended "
-            "early (worker killed, lost or out of memory)")
 
 
 def _resend_stranded(ctx: Context, rep: SweepReport) -> None:
@@ -128,8 +123,7 @@ def _resume_control(ctx: Context, rep: SweepReport) -> None:
     a long validation holds its message unacked, so the copy waits and then no-ops)."""
     if ctx.redis.llen("control"):
         return
-    t = time.time()
-    stale = t - ctx.settings.stranded_shard_s
+    stale = time.time() - ctx.settings.stranded_shard_s
     with ctx.db.session() as s:
         rep.validate.update(s.scalars(select(Batch.id).where(
             Batch.status.in_([BatchStatus.VALIDATING, BatchStatus.CANCELLING]),

@@ -79,6 +79,11 @@ def stalled_attempts(sh: Shard) -> int:
     return sh.stalls + (1 if sh.chunks_done == sh.claimed_chunks else 0)
 
 
+def give_up_message(stalls: int) -> str:
+    return (f"gave up after {stalls} attempts in a row that committed nothing: each ended "
+            "early (worker killed, lost or out of memory)")
+
+
 def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: int,
                completed: int, failed: int, tokens: int, ttl_s: float) -> bool:
     """Record one more committed chunk and renew the lease; False if fenced off."""

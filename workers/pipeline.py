@@ -20,7 +20,6 @@ from typing import Any
 
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.janitor import give_up_message
 from jobs.models import Batch, Shard
 from jobs.status import ShardStatus
 from storage import keys
@@ -82,7 +81,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         endpoint, tier = b.endpoint, b.service_tier
     if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
         return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
-                        give_up_message(stalls))
+                        repo.give_up_message(stalls))
     keeper = LeaseKeeper(ctx, shard_id, token)
     keeper.start()
     try:
@@ -92,10 +91,10 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         log.exception("shard %s attempt %d failed", shard_id, attempt)
         with ctx.db.session() as s:
             now = s.get(Shard, shard_id)
-            stalled = now is not None and repo.stalled_attempts(now) > stalls
-        if stalled and stalls + 1 >= st.max_shard_attempts:
+            in_a_row = repo.stalled_attempts(now) if now is not None else stalls
+        if in_a_row >= st.max_shard_attempts:
             return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
-                            f"failed {stalls + 1} times in a row without progress: {e}")
+                            f"failed {in_a_row} times in a row without progress: {e}")
         res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "retry", str(e))
         res.retry_in_s = min(60.0, 2.0 ** (stalls + 1)) * (0.5 + random.random())
         return res
