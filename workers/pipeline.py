@@ -107,8 +107,10 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
          keeper: LeaseKeeper) -> ShardResult:
     st = ctx.settings
     batch_id, index, shard_id, start_chunk = sh.batch_id, sh.index, sh.id, sh.chunks_done
+    # Resume after the committed rows, not chunks_done x chunk_rows: the chunk size is
+    # this worker's setting and may differ from the one that committed the chunks.
     with ctx.store.open(sh.object_key) as f:
-        rows = read_rows(io.BytesIO(f.read()), start=start_chunk * st.chunk_rows)
+        rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
 
     def submit(n: int) -> Any:

@@ -90,6 +90,25 @@ def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, ctx) -> None:
     assert 0 <= recomputed(ctx, b.id, 800) <= CHUNK
 
 
+def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+    """The checkpoint is a row count: a shard begun by a worker with one
+    INFERQ_CHUNK_ROWS and resumed by one with another (a rolling config change)
+    neither skips nor repeats a request."""
+    rows = batch_rows(400)
+    first = workers("chunk40")
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/embeddings", completion_window="24h")
+    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+                         for s in shards(ctx, b.id)), what="a shard in progress")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    workers("chunk100", INFERQ_CHUNK_ROWS="100")
+    b = wait(fsdk, b.id, timeout=300)
+    assert b.status == "completed" and b.request_counts.completed == 400
+    exactly_once(fsdk, b, rows)
+    assert 0 <= recomputed(ctx, b.id, 400) <= CHUNK
+
+
 def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(800)
     spot = workers("spot1", "flex", INFERQ_SPOT="1")
