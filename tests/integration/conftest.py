@@ -9,17 +9,26 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AWS_ENV, free_port
+from jobs.context import Context
+from tests.conftest import AWS_ENV, free_port, fresh_database
 
 CHUNK = 40
 
 
 @pytest.fixture(scope="session")
-def fstack(settings, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """API + control worker on an isolated Redis DB; model workers started per test."""
+def fdatabase_url(pg_admin_url: str) -> Iterator[str]:
+    with fresh_database(pg_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def fstack(settings, fdatabase_url, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """API + control worker on a database and Redis DB of their own (another stack's
+    janitor must not hand these shards to its workers); model workers started per test."""
     from api.stack import Stack
 
-    st = settings.model_copy(update={"redis_url": isolated_redis_url, "chunk_rows": CHUNK,
+    st = settings.model_copy(update={"database_url": fdatabase_url,
+                                     "redis_url": isolated_redis_url, "chunk_rows": CHUNK,
                                      "shard_rows": 400, "lease_seconds": 3.0,
                                      "janitor_interval_s": 1.0})
     env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
@@ -34,11 +43,18 @@ def fstack(settings, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type
     stack.stop()
 
 
+@pytest.fixture(scope="session")
+def fctx(fstack) -> Iterator[Context]:  # type: ignore[no-untyped-def]
+    c = Context(fstack.settings)
+    yield c
+    c.close()
+
+
 @pytest.fixture
-def fsdk(fstack, tenant_key):  # type: ignore[no-untyped-def]
+def fsdk(fstack):  # type: ignore[no-untyped-def]
     from openai import OpenAI
 
-    return OpenAI(base_url=fstack.base_url + "/v1", api_key=tenant_key,
+    return OpenAI(base_url=fstack.base_url + "/v1", api_key=fstack.api_key,
                   _strict_response_validation=True, max_retries=0, timeout=120)
 
 

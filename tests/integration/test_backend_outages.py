@@ -88,7 +88,7 @@ def test_object_store_5xx_is_retried_then_gives_up(s3_endpoint: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     from storage import keys
     from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 
@@ -99,7 +99,7 @@ def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, work
     while fsdk.batches.retrieve(b.id).status == "validating":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    ctx.store.delete(keys.shard_input(b.id, 0))  # the shard's input is gone for good
+    fctx.store.delete(keys.shard_input(b.id, 0))  # the shard's input is gone for good
     workers("s3fail", INFERQ_MAX_SHARD_ATTEMPTS="2")
     b = wait(fsdk, b.id, timeout=120)
     # Its requests cannot even be listed (their custom_ids were in the lost object), so
@@ -109,7 +109,7 @@ def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, work
     assert "NoSuchKey" in b.errors.data[0].message or "not" in b.errors.data[0].message
     from jobs.models import Shard
 
-    with ctx.db.session() as s:
+    with fctx.db.session() as s:
         sh = s.get(Shard, f"{b.id}.000000")
         assert sh.status == "failed" and "failed 2 times in a row without progress" in sh.error
         assert sh.attempt == 2 and sh.stalls == 1

@@ -73,24 +73,24 @@ def batch_rows(n: int) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(800)
     first = workers("k1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
     wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
-                         for s in shards(ctx, b.id)), what="a shard in progress")
+                         for s in shards(fctx, b.id)), what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     workers("k2")
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed" and b.request_counts.completed == 800
     exactly_once(fsdk, b, rows)
-    assert max(s.attempt for s in shards(ctx, b.id)) >= 2
-    assert 0 <= recomputed(ctx, b.id, 800) <= CHUNK
+    assert max(s.attempt for s in shards(fctx, b.id)) >= 2
+    assert 0 <= recomputed(fctx, b.id, 800) <= CHUNK
 
 
-def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """The checkpoint is a row count: a shard begun by a worker with one
     INFERQ_CHUNK_ROWS and resumed by one with another (a rolling config change)
     neither skips nor repeats a request."""
@@ -99,40 +99,40 @@ def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers,
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
     wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
-                         for s in shards(ctx, b.id)), what="a shard in progress")
+                         for s in shards(fctx, b.id)), what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     workers("chunk100", INFERQ_CHUNK_ROWS="100")
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed" and b.request_counts.completed == 400
     exactly_once(fsdk, b, rows)
-    assert 0 <= recomputed(ctx, b.id, 400) <= CHUNK
+    assert 0 <= recomputed(fctx, b.id, 400) <= CHUNK
 
 
-def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(800)
     spot = workers("spot1", "flex", INFERQ_SPOT="1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h",
                             extra_body={"service_tier": "flex"})
     wait_for(lambda: any(s.chunks_done >= 1 and s.status == "running"
-                         for s in shards(ctx, b.id)), what="a flex shard in progress")
+                         for s in shards(fctx, b.id)), what="a flex shard in progress")
     t0 = time.monotonic()
     os.kill(spot.pid, signal.SIGTERM)
     spot.wait(60)
     drained_in = time.monotonic() - t0
     assert drained_in < 20, f"drain took {drained_in:.1f}s, past the notice"
-    after = shards(ctx, b.id)
+    after = shards(fctx, b.id)
     assert all(s.status in ("queued", "done") for s in after), [s.status for s in after]
     assert any(s.status == "queued" and s.chunks_done > 0 for s in after)  # checkpointed
     workers("spot2", "flex", INFERQ_SPOT="1")
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed"
     exactly_once(fsdk, b, rows)
-    assert recomputed(ctx, b.id, 800) == 0  # the chunk in flight was committed
+    assert recomputed(fctx, b.id, 800) == 0  # the chunk in flight was committed
 
 
-def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """What a visibility timeout shorter than a shard causes: a second delivery of a
     running (or finished) shard's message finds the lease taken and does nothing."""
     rows = batch_rows(400)
@@ -140,29 +140,29 @@ def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, ctx) -> None:  # t
     workers("d2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.status == "running" for s in shards(ctx, b.id)),
+    wait_for(lambda: any(s.status == "running" for s in shards(fctx, b.id)),
              what="the shard running")
-    sid = shards(ctx, b.id)[0].id
+    sid = shards(fctx, b.id)[0].id
     for _ in range(3):
-        ctx.dispatcher.shards([sid], "default")  # redelivered while it runs
+        fctx.dispatcher.shards([sid], "default")  # redelivered while it runs
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed"
     exactly_once(fsdk, b, rows)
-    assert shards(ctx, b.id)[0].attempt == 1
-    ctx.dispatcher.shards([sid], "default")  # and once more after it finished
+    assert shards(fctx, b.id)[0].attempt == 1
+    fctx.dispatcher.shards([sid], "default")  # and once more after it finished
     time.sleep(2)
-    assert shards(ctx, b.id)[0].attempt == 1 and recomputed(ctx, b.id, 400) == 0
+    assert shards(fctx, b.id)[0].attempt == 1 and recomputed(fctx, b.id, 400) == 0
 
 
-def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     from jobs.models import Batch
 
     rows = batch_rows(1200)
     workers("e1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.chunks_done >= 1 for s in shards(ctx, b.id)), what="progress")
-    with ctx.db.session() as s:
+    wait_for(lambda: any(s.chunks_done >= 1 for s in shards(fctx, b.id)), what="progress")
+    with fctx.db.session() as s:
         s.get(Batch, b.id).expires_at = 0  # the window has passed
     b = wait(fsdk, b.id, timeout=120)
     assert b.status == "expired", b.status
@@ -172,16 +172,16 @@ def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, ctx) -> Non
     assert b.request_counts.completed == len(lines(fsdk, b.output_file_id)) > 0
 
 
-def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(1600)
     workers("c1")
     workers("c2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: sum(s.chunks_done for s in shards(ctx, b.id)) >= 2
-             and any(s.status == "running" for s in shards(ctx, b.id)), what="progress")
-    running = sum(s.status == "running" for s in shards(ctx, b.id))
-    at_cancel = computed(ctx, b.id)
+    wait_for(lambda: sum(s.chunks_done for s in shards(fctx, b.id)) >= 2
+             and any(s.status == "running" for s in shards(fctx, b.id)), what="progress")
+    running = sum(s.status == "running" for s in shards(fctx, b.id))
+    at_cancel = computed(fctx, b.id)
     assert fsdk.batches.cancel(b.id).status == "cancelling"
     b = wait(fsdk, b.id, timeout=120)
     assert b.status == "cancelled"
@@ -190,10 +190,10 @@ def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, ctx) 
     assert len(out) == b.request_counts.completed >= at_cancel > 0  # results so far kept
     assert errs and {e["error"]["code"] for e in errs} == {"batch_cancelled"}
     # Each running shard finished at most the chunk it was computing.
-    assert computed(ctx, b.id) - at_cancel <= CHUNK * running
+    assert computed(fctx, b.id) - at_cancel <= CHUNK * running
 
 
-def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """Case 6 with real processes: the workers reach S3 through a proxy that throttles
     (503 SlowDown) or drops about one request in five, in bursts that outlast
     botocore's own retries. Nothing is lost or written twice, and results are only
@@ -211,12 +211,12 @@ def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, ctx) -
     assert b.status == "completed" and b.request_counts.completed == 800, b
     exactly_once(fsdk, b, rows)
     assert injected >= 10 and proxy.forwarded > 0, (proxy.throttled, proxy.dropped)
-    got = shards(ctx, b.id)
+    got = shards(fctx, b.id)
     retried_attempts = sum(s.attempt for s in got) - len(got)
-    assert 0 <= recomputed(ctx, b.id, 800) <= CHUNK * retried_attempts
+    assert 0 <= recomputed(fctx, b.id, 800) <= CHUNK * retried_attempts
 
 
-def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(200)
     rows.append(emb_line("huge", "a very long sentence about everything " * 60))
     workers("oom", INFERQ_FAULT_OOM_ABOVE_TOKENS="200")
@@ -233,7 +233,7 @@ def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, ct
     assert b.request_counts.completed == 200
 
 
-def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """The chat engine under injected OOM (rows x cache width above 400 tokens): decode
     steps that do not fit send sequences back to the queue, which resume where they
     were; the one prompt that does not fit even alone fails by itself."""
@@ -264,7 +264,7 @@ def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers
     assert worker_stats(fstack, "generation")["preemptions"] > 0
 
 
-def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     import json
 
     import redis
