@@ -242,7 +242,7 @@ def main() -> None:
 
     from openai import OpenAI
 
-    from api.stack import Stack
+    from cli.stack import Stack
     from jobs.settings import Settings
     from storage.embedded import EmbeddedRedis
 

@@ -12,13 +12,13 @@ import socket
 import time
 
 import numpy as np
+from cli.mainent import follow
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from api.client import follow
-from api.stack import Stack
 from bench.workload import texts, write_embeddings_jsonl
+from cli.stack import Stack
 from jobs.settings import Settings
 
 N_TEXTS = 2400

@@ -51,7 +51,7 @@ def main() -> None:
 
     from openai import OpenAI
 
-    from api.stack import Stack
+    from cli.stack import Stack
     from jobs.settings import Settings
     from workers.batching import BatchPolicy
     from workers.runtime.embeddings import EmbeddingModel

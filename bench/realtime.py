@@ -115,7 +115,7 @@ def main() -> None:
     import redis
     from openai import OpenAI
 
-    from api.stack import Stack
+    from cli.stack import Stack
     from jobs.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:

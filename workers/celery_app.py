@@ -40,7 +40,7 @@ app.conf.imports = ("workers.tasks",)
 @dataclass
 class WorkerState:
     ctx: Context | None = None
-    engine: Any = None  # embeddings Engine
+    engine: Any = None  # embeddings EmbeddingEngine
     model: Any = None  # EmbeddingModel
     generator: Any = None  # GenerationEngine, when a chat model is registered
     threads: list[Any] = field(default_factory=list)
@@ -115,7 +115,7 @@ def start_model_runtime(st: Settings) -> None:
 
     from workers import lanes
     from workers.batching import BatchPolicy
-    from workers.engine import Engine
+    from workers.embedding_engine import EmbeddingEngine
     from workers.metrics import record_batch
     from workers.runtime.embeddings import EmbeddingModel
 
@@ -125,7 +125,7 @@ def start_model_runtime(st: Settings) -> None:
     state.model = EmbeddingModel(st.embedding_model, path=_model_dir(ctx, st.embedding_model),
                                  fault_oom_above_tokens=st.fault_oom_above_tokens,
                                  fault_fail=st.fault_model_fails)
-    state.engine = Engine(state.model, BatchPolicy(st.max_batch_tokens, st.max_batch_rows),
+    state.engine = EmbeddingEngine(state.model, BatchPolicy(st.max_batch_tokens, st.max_batch_rows),
                           on_batch=record_batch, on_pass=state.breaker.record)
     state.breaker.on_open.append(_pause_consumers)
     if st.preload_chat_model:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.engine import is_oom, too_large
+from workers.embedding_engine import is_oom, too_large
 from workers.runtime.chat import KV, ChatModel
 
 log = logging.getLogger("inferq.generation")

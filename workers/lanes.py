@@ -24,7 +24,7 @@ import redis
 from jobs import asyncjobs, realtime, shapes
 from jobs.errors import InferqError, Unavailable
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
-from workers.engine import JOBS, REALTIME, Engine
+from workers.embedding_engine import JOBS, REALTIME, EmbeddingEngine
 from workers.generation import Collect, Usage, build_request
 from workers.responses import dumps, embeddings_body, failure
 
@@ -36,7 +36,7 @@ def worker_name() -> str:
 
 
 class RealtimeConsumer(threading.Thread):
-    def __init__(self, r: redis.Redis, engine: Engine, tok: Any, max_inputs: int,
+    def __init__(self, r: redis.Redis, engine: EmbeddingEngine, tok: Any, max_inputs: int,
                  generator: Any = None, allow: Any = lambda: True) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
         self.allow = allow
@@ -236,7 +236,7 @@ class JobsConsumer(threading.Thread):
 
     burst = 64
 
-    def __init__(self, ctx: Any, engine: Engine, tok: Any, generator: Any, worker: str,
+    def __init__(self, ctx: Any, engine: EmbeddingEngine, tok: Any, generator: Any, worker: str,
                  recover_every_s: float = 15.0, allow: Any = lambda: True) -> None:
         super().__init__(name="inferq-jobs", daemon=True)
         self.allow = allow

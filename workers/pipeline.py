@@ -24,7 +24,7 @@ from jobs.models import Batch, Shard
 from jobs.status import ShardStatus
 from storage import keys
 from storage.parquet import read_rows
-from workers.engine import PRIORITY_BY_TIER
+from workers.embedding_engine import PRIORITY_BY_TIER
 from workers.runners import Runner
 
 log = logging.getLogger("inferq.pipeline")

@@ -15,7 +15,7 @@ import orjson
 from jobs import shapes
 from jobs.errors import InferqError, InvalidRequest
 from jobs.requests import CHAT, parse_embeddings
-from workers.engine import Engine
+from workers.embedding_engine import EmbeddingEngine
 from workers.generation import Collect, GenerationEngine, build_request
 from workers.responses import embeddings_body, failure, http_error_line, ok_line
 
@@ -45,7 +45,7 @@ def _failed(custom_id: str, e: Exception) -> bytes:
 
 
 class EmbeddingRunner:
-    def __init__(self, engine: Engine, tok: Any, max_inputs: int) -> None:
+    def __init__(self, engine: EmbeddingEngine, tok: Any, max_inputs: int) -> None:
         self.engine, self.tok, self.max_inputs = engine, tok, max_inputs
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:

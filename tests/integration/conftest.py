@@ -25,7 +25,7 @@ def fdatabase_url(pg_admin_url: str) -> Iterator[str]:
 def fstack(settings, fdatabase_url, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
     """API + control worker on a database and Redis DB of their own (another stack's
     janitor must not hand these shards to its workers); model workers started per test."""
-    from api.stack import Stack
+    from cli.stack import Stack
 
     st = settings.model_copy(update={"database_url": fdatabase_url,
                                      "redis_url": isolated_redis_url, "chunk_rows": CHUNK,

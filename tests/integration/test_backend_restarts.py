@@ -72,7 +72,7 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
 
 @pytest.fixture(scope="module")
 def rstack(settings, broker, database, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from api.stack import Stack
+    from cli.stack import Stack
 
     st = settings.model_copy(update={"redis_url": broker.url, "database_url": database.url,
                                      "chunk_rows": CHUNK, "shard_rows": 400,

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from api.stack import Stack
+    from cli.stack import Stack
 
     data = tmp_path_factory.mktemp("embedded")
     st = Settings(data_dir=data, api_port=free_port(), shard_rows=40, chunk_rows=16)
@@ -64,7 +64,7 @@ def test_cli_submit_status_results(embedded, tmp_path: Path) -> None:  # type: i
     inp.write_bytes(jsonl([emb_line(i, f"text {i}") for i in range(30)]))
     env = {**os.environ, "INFERQ_DATA_DIR": str(embedded.settings.data_dir),
            "INFERQ_API_URL": embedded.base_url + "/v1"}
-    cli = [sys.executable, "-m", "api.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
 
     def run(*args: str) -> str:
         p = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=300)

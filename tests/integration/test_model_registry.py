@@ -267,7 +267,7 @@ def test_newest_version_is_the_default(ctx: Context) -> None:
 def test_cli_list_and_import_skip(settings: Any, imported: dict[str, Model]) -> None:
     from click.testing import CliRunner
 
-    from api.cli import main
+    from cli.main import main
 
     env = {"INFERQ_DATABASE_URL": settings.database_url, "INFERQ_REDIS_URL": settings.redis_url,
            "INFERQ_OBJECT_STORE_URL": settings.object_store_url,
@@ -285,8 +285,8 @@ def test_cli_list_and_import_skip(settings: Any, imported: dict[str, Model]) -> 
 
 def test_stack_imports_missing_builtins_in_a_child(ctx: Context, settings: Any, tmp_path: Path,
                                                    imported: dict[str, Model]) -> None:
-    """``inferq up`` imports what is missing through ``python -m api.cli models import``."""
-    from api.stack import Stack
+    """``inferq up`` imports what is missing through ``python -m cli.main models import``."""
+    from cli.stack import Stack
 
     with ctx.db.session() as s:
         s.execute(delete(Model).where(Model.name == MINILM))

@@ -9,7 +9,7 @@ import sys
 CODE = """
 import sys
 from api import create_app
-from api import cli, stack  # the CLI and launcher run in the API's environment too
+import cli.main, cli.stack  # the CLI and supervisor run in the API's environment too
 from jobs.settings import Settings
 create_app(Settings(database_url="postgresql+psycopg://u@127.0.0.1:1/x",
                     redis_url="redis://127.0.0.1:1/0", object_store_url="file:///tmp/x"))

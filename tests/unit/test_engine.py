@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from workers.batching import BatchPolicy
-from workers.engine import BATCH, FLEX, JOBS, REALTIME, Engine
+from workers.embedding_engine import BATCH, FLEX, JOBS, REALTIME, EmbeddingEngine
 
 TIMEOUT = 10
 
@@ -38,8 +38,8 @@ class FakeModel:
 
 
 @pytest.fixture
-def engines() -> Iterator[list[Engine]]:
-    started: list[Engine] = []
+def engines() -> Iterator[list[EmbeddingEngine]]:
+    started: list[EmbeddingEngine] = []
     yield started
     for e in started:
         if e.model.gate is not None:  # type: ignore[attr-defined]
@@ -47,8 +47,8 @@ def engines() -> Iterator[list[Engine]]:
         e.stop()
 
 
-def make(engines: list[Engine], model: FakeModel, **policy: object) -> Engine:
-    e = Engine(model, BatchPolicy(**policy))  # type: ignore[arg-type]
+def make(engines: list[EmbeddingEngine], model: FakeModel, **policy: object) -> EmbeddingEngine:
+    e = EmbeddingEngine(model, BatchPolicy(**policy))  # type: ignore[arg-type]
     engines.append(e)
     return e
 
@@ -57,7 +57,7 @@ def row(i: int, n: int) -> list[int]:
     return [i] + [7] * (n - 1)
 
 
-def test_every_future_resolves_with_its_row(engines: list[Engine]) -> None:
+def test_every_future_resolves_with_its_row(engines: list[EmbeddingEngine]) -> None:
     model = FakeModel()
     engine = make(engines, model, max_tokens=256, max_rows=8, min_fill=0.5)
     rows = [row(i, 1 + (i * 13) % 40) for i in range(100)]
@@ -79,16 +79,17 @@ def test_every_future_resolves_with_its_row(engines: list[Engine]) -> None:
     assert engine.stats.by_priority == {BATCH: 100}
 
 
-def test_on_batch_callback(engines: list[Engine]) -> None:
+def test_on_batch_callback(engines: list[EmbeddingEngine]) -> None:
     seen: list[tuple[int, int, int, float]] = []
-    engine = Engine(FakeModel(), BatchPolicy(min_fill=0.5), on_batch=lambda *a: seen.append(a))
+    engine = EmbeddingEngine(FakeModel(), BatchPolicy(min_fill=0.5),
+                             on_batch=lambda *a: seen.append(a))
     engines.append(engine)
     wait(engine.submit([[1, 2, 3], [4, 5]], JOBS), timeout=TIMEOUT)
     assert [(r, real, comp) for r, real, comp, _ in seen] == [(2, 5, 6)]
     assert seen[0][3] >= 0
 
 
-def test_realtime_runs_before_earlier_batch_work(engines: list[Engine]) -> None:
+def test_realtime_runs_before_earlier_batch_work(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate)
     engine = make(engines, model, max_tokens=8192, max_rows=2, min_fill=0.0)
@@ -106,7 +107,7 @@ def test_realtime_runs_before_earlier_batch_work(engines: list[Engine]) -> None:
     assert engine.stats.by_priority == {REALTIME: 2, JOBS: 2, BATCH: 5, FLEX: 2}
 
 
-def test_oldest_item_runs_first_within_a_priority(engines: list[Engine]) -> None:
+def test_oldest_item_runs_first_within_a_priority(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate)
     # min_fill 1.0: only equal lengths share a batch, so each length is its own batch
@@ -121,7 +122,7 @@ def test_oldest_item_runs_first_within_a_priority(engines: list[Engine]) -> None
     assert firsts == [[999], [1], [2, 3]]
 
 
-def test_model_exception_reaches_every_member_of_the_batch(engines: list[Engine]) -> None:
+def test_model_exception_reaches_every_member_of_the_batch(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate, fail_on=66)
     engine = make(engines, model, max_tokens=8192, max_rows=3, min_fill=0.0)
@@ -140,7 +141,7 @@ def test_model_exception_reaches_every_member_of_the_batch(engines: list[Engine]
     assert later.tolist() == [2, 5, 10]
 
 
-def test_wrong_row_count_fails_the_batch(engines: list[Engine]) -> None:
+def test_wrong_row_count_fails_the_batch(engines: list[EmbeddingEngine]) -> None:
     class Short(FakeModel):
         def embed(self, batch: list[list[int]]) -> np.ndarray:
             return super().embed(batch)[:-1]
@@ -151,7 +152,7 @@ def test_wrong_row_count_fails_the_batch(engines: list[Engine]) -> None:
     assert all(isinstance(f.exception(timeout=0), RuntimeError) for f in futures)
 
 
-def test_concurrent_submitters_share_a_micro_batch(engines: list[Engine]) -> None:
+def test_concurrent_submitters_share_a_micro_batch(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate)
     engine = make(engines, model, max_tokens=8192, max_rows=64, min_fill=0.5)
@@ -181,7 +182,7 @@ def test_concurrent_submitters_share_a_micro_batch(engines: list[Engine]) -> Non
     assert [f.result(timeout=0).tolist()[1] for f in results["b"]] == [200, 201, 202, 203, 204]
 
 
-def test_cancelled_future_is_skipped(engines: list[Engine]) -> None:
+def test_cancelled_future_is_skipped(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate)
     engine = make(engines, model, max_rows=8, min_fill=0.0)
@@ -195,7 +196,7 @@ def test_cancelled_future_is_skipped(engines: list[Engine]) -> None:
 
 
 def test_stop_terminates_the_engine_thread() -> None:
-    engine = Engine(FakeModel(), BatchPolicy())
+    engine = EmbeddingEngine(FakeModel(), BatchPolicy())
     assert engine.submit([[1, 2]], BATCH)[0].result(timeout=TIMEOUT).tolist() == [2, 1, 3]
     t0 = time.monotonic()
     engine.stop()
@@ -204,7 +205,7 @@ def test_stop_terminates_the_engine_thread() -> None:
 
 
 def test_stop_while_idle_is_prompt() -> None:
-    engine = Engine(FakeModel(), BatchPolicy())
+    engine = EmbeddingEngine(FakeModel(), BatchPolicy())
     time.sleep(0.05)  # the loop is now waiting on its condition
     engine.stop()
     assert not engine._thread.is_alive()

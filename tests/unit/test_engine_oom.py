@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from workers.batching import BatchPolicy
-from workers.engine import BATCH, Engine
+from workers.embedding_engine import BATCH, EmbeddingEngine
 
 
 class Tight:
@@ -27,7 +27,7 @@ class Tight:
 
 def test_oom_splits_then_fails_only_the_row_that_cannot_fit() -> None:
     model = Tight(limit=100)
-    engine = Engine(model, BatchPolicy(max_tokens=10_000, max_rows=64, min_fill=0.0))
+    engine = EmbeddingEngine(model, BatchPolicy(max_tokens=10_000, max_rows=64, min_fill=0.0))
     try:
         rows = [[1] * 10 for _ in range(16)] + [[1] * 150]  # one row alone is over the limit
         futures = engine.submit(rows, BATCH)

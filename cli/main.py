@@ -28,7 +28,7 @@ def main() -> None:
 @click.option("--workers", "model_workers", type=int, default=1, help="model worker processes")
 def up(port: int | None, model_workers: int) -> None:
     """API + workers + embedded backends in one command; Ctrl-C stops everything."""
-    from api.stack import Stack
+    from cli.stack import Stack
 
     stack = Stack(_settings(), port=port, model_workers=model_workers)
     stopping = []
@@ -59,7 +59,7 @@ def up(port: int | None, model_workers: int) -> None:
 @click.option("--threads", type=int, default=64, help="concurrent requests (streams included)")
 def api(port: int | None, threads: int) -> None:
     """Serve the HTTP API with gunicorn."""
-    from api.stack import api_command
+    from cli.stack import api_command
 
     st = _settings()
     cmd = api_command(st.api_host, port or st.api_port, threads)
@@ -74,7 +74,7 @@ def api(port: int | None, threads: int) -> None:
               "within INFERQ_SPOT_NOTICE_S, commit it and hand the shard back")
 def worker(lanes: str | None, name: str | None, spot: bool) -> None:
     """Run a Celery worker for the given lanes (one process per accelerator)."""
-    from api.stack import worker_command
+    from cli.stack import worker_command
 
     lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
     os.environ["INFERQ_LANES"] = lanes
@@ -201,7 +201,7 @@ def with_client(f: Any) -> Any:
 def submit(path: Path, endpoint: str, model: str | None, wait: bool, api_url: str | None,
            api_key: str | None) -> None:
     """Upload PATH (JSONL or Parquet) and create a batch."""
-    from api.client import follow
+    from cli.mainent import follow
 
     client = _client(api_url, api_key)
     with path.open("rb") as fh:

@@ -56,7 +56,7 @@ def too_large(tokens: int, e: BaseException) -> MemoryError:
                        f"memory even alone: {e}")
 
 
-class Engine:
+class EmbeddingEngine:
     def __init__(self, model: Model, policy: BatchPolicy,
                  on_batch: Any = None, on_pass: Any = None) -> None:
         self.model = model

@@ -130,7 +130,7 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "models-import.log"
         with path.open("ab") as log:
-            p = subprocess.run([sys.executable, "-m", "api.cli", "models", "import", *missing],
+            p = subprocess.run([sys.executable, "-m", "cli.main", "models", "import", *missing],
                                env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, cwd=ROOT, timeout=timeout)
         if p.returncode != 0:
