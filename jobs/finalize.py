@@ -1,32 +1,66 @@
 """Finalize: assemble a batch's committed output parts into its output and error files.
 
-Only parts a checkpoint committed are read (orphans of interrupted chunks are
-ignored), so the files hold each request exactly once. Requests a stopped
+Only parts a checkpoint committed are read, under the key of the attempt that
+committed them (orphans of interrupted chunks and parts a fenced-off worker wrote
+late are ignored), so the files hold each request exactly once; a committed part
+that is missing fails the batch, naming it. Requests a stopped
 shard never reached get an error line (``batch_cancelled`` or the shard's
 failure). Safe to run twice: it locks the batch row and no-ops once terminal.
+
+A finalize that fails for a reason that will not go away by trying again (its
+results cannot be assembled) ends the batch ``failed`` with the reason in
+``errors``; only a backend that is briefly unreachable (database, broker, object
+store) is left to be retried.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 from sqlalchemy.orm import Session
 
+from jobs import outputs
 from jobs import repository as repo
 from jobs.context import Context
+from jobs.errors import shown, transient
 from jobs.models import Batch, File, Shard, new_id, now
 from jobs.status import TERMINAL, BatchStatus, ShardStatus
 from storage import keys
 from storage.objects import CHUNK, ConcatReader, ObjectNotFound, ObjectStore
-from storage.parquet import jsonl_to_parquet, read_rows
+from storage.parquet import read_rows, write_rows
+
+log = logging.getLogger("inferq.finalize")
 
 
 def finalize_batch(ctx: Context, batch_id: str) -> None:
+    """Assemble the batch's results; a deterministic failure fails the batch, once."""
+    try:
+        _finalize(ctx, batch_id)
+    except Exception as e:
+        if transient(e):
+            raise  # the task retries, and the janitor sends it again if that runs out
+        log.exception("batch %s: finalize failed", batch_id)
+        _fail(ctx, batch_id, e)
+
+
+def _fail(ctx: Context, batch_id: str, e: Exception) -> None:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is None or b.status in TERMINAL:
+            return
+        b.status, b.failed_at = BatchStatus.FAILED, now()
+        b.errors = [*(b.errors or []), {
+            "code": "finalize_failed", "line": None, "param": None,
+            "message": f"the batch's results could not be assembled into its output files "
+                       f"({type(e).__name__}: {shown(str(e), 300)})"}]
+
+
+def _finalize(ctx: Context, batch_id: str) -> None:
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
         if b is None or b.status in TERMINAL:
@@ -41,15 +75,18 @@ def finalize_batch(ctx: Context, batch_id: str) -> None:
         reason = "batch_expired" if expired else "batch_cancelled"
         f = s.get(File, b.input_file_id)
         fmt = f.format if f is not None else "jsonl"
-        write = _write_parquet if fmt == "parquet" else _write
-        out = write(ctx.store, keys.batch_output(batch_id, "output", fmt),
-                    _parts(ctx.store, b, shards, "ok"))
+
+        def write(kind: str, blocks: Iterator[bytes]) -> tuple[str, int, int]:
+            key = keys.batch_output(batch_id, kind, fmt)
+            if fmt == "parquet":
+                return _write_parquet(ctx.store, key, b.endpoint, blocks)
+            return _write(ctx.store, key, blocks)
+
         lost: list[dict[str, Any]] = []
-        err = write(ctx.store, keys.batch_output(batch_id, "errors", fmt),
-                    _error_blocks(ctx.store, b, shards, reason, lost))
+        out = write("output", _parts(ctx.store, b, shards, "ok", lost))
+        err = write("errors", _error_blocks(ctx.store, b, shards, reason, lost))
         b.output_file_id = _output_file(s, b, "output", fmt, out)
         b.error_file_id = _output_file(s, b, "errors", fmt, err)
-        b.prompt_tokens = sum(sh.prompt_tokens for sh in shards)
         if lost:  # requests we cannot account for: the batch must not claim success
             b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), lost
         elif expired:
@@ -65,12 +102,13 @@ def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, 
     return key, size, size
 
 
-def _write_parquet(store: ObjectStore, key: str, blocks: Iterator[bytes]
+def _write_parquet(store: ObjectStore, key: str, endpoint: str, blocks: Iterator[bytes]
                    ) -> tuple[str, int, int]:
     """Outputs of a Parquet dataset are Parquet too (one row per request)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "out.parquet"
-        rows = jsonl_to_parquet(blocks, path)
+        rows = write_rows(path, outputs.parquet_schema(endpoint),
+                          outputs.parquet_rows(endpoint, blocks))
         with path.open("rb") as fh:
             size = store.put_stream(key, fh)
     return key, size, rows
@@ -88,13 +126,22 @@ def _output_file(s: Session, b: Batch, kind: str, fmt: str, written: tuple[str, 
     return f.id
 
 
-def _parts(store: ObjectStore, b: Batch, shards: list[Shard], kind: str) -> Iterator[bytes]:
+def _parts(store: ObjectStore, b: Batch, shards: list[Shard], kind: str,
+           lost: list[dict[str, Any]]) -> Iterator[bytes]:
+    """The parts the checkpoints committed, each under the key of the attempt that
+    committed it (parts other attempts wrote, late or never committed, are ignored).
+    A committed part that is gone is reported in ``lost``: its requests are counted
+    but have no lines."""
     for sh in shards:
         for chunk in range(sh.chunks_done):
+            key = keys.output_part(b.id, sh.index, chunk, kind, repo.part_attempt(sh, chunk))
             try:
-                yield from store.iter_chunks(keys.output_part(b.id, sh.index, chunk, kind), CHUNK)
+                yield from store.iter_chunks(key, CHUNK)
             except ObjectNotFound:
-                continue
+                lost.append({"code": "output_part_missing", "line": None, "param": None,
+                             "message": f"the committed {'output' if kind == 'ok' else 'error'}"
+                                        f" lines of chunk {chunk} of shard {sh.index} are "
+                                        f"missing from the object store ({key})"})
 
 
 def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str,
@@ -105,7 +152,7 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
         yield from store.iter_chunks(keys.validation_errors(b.id))
     except ObjectNotFound:
         pass
-    yield from _parts(store, b, shards, "err")
+    yield from _parts(store, b, shards, "err", lost)
     for sh in shards:
         if sh.status == ShardStatus.DONE or sh.rows_done >= sh.rows:
             continue
@@ -122,9 +169,4 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
                          "message": f"{sh.rows - sh.rows_done} requests of shard {sh.index} "
                                     f"could not be read back to report them: {e}"})
             continue
-        yield b"".join(_unrun_line(r["custom_id"], code, message) for r in rows)
-
-
-def _unrun_line(custom_id: str, code: str, message: str) -> bytes:
-    return orjson.dumps({"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
-                         "error": {"code": code, "message": message}}) + b"\n"
+        yield b"".join(outputs.unrun_line(r["custom_id"], code, message) for r in rows)

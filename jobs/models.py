@@ -21,6 +21,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from jobs.status import ShardStatus
+
 
 def new_id(prefix: str) -> str:
     """Time-ordered ids: sorting by id is sorting by creation (used for paging)."""
@@ -87,7 +89,7 @@ class Batch(Base):
     # Requests rejected at validation (per-request body errors); the rest is
     # counted per shard and summed on read.
     invalid: Mapped[int] = mapped_column(Integer, default=0)
-    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Its usage is not kept here: it is its shards', summed on read (repository.shard_sums).
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -109,7 +111,8 @@ class Shard(Base):
 
     Claimed under a lease; ``lease_token`` fences every checkpoint so a worker
     whose lease was taken over can no longer write. ``chunks_done`` is the
-    checkpoint: output parts ``0..chunks_done-1`` are committed.
+    checkpoint: output parts ``0..chunks_done-1`` are committed, each by the attempt
+    ``part_attempts`` names for it.
     """
 
     __tablename__ = "shards"
@@ -118,7 +121,7 @@ class Shard(Base):
     index: Mapped[int] = mapped_column(Integer)
     object_key: Mapped[str] = mapped_column(String(1024))
     rows: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=ShardStatus.QUEUED)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Attempts in a row that ended without committing a chunk (see claim_shard): the
     # attempt cap counts these, so a shard that keeps moving is never given up on,
@@ -133,10 +136,16 @@ class Shard(Base):
     lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    # {chunk index (as text): the attempt whose parts the checkpoint committed}: parts
+    # are keyed by attempt (storage.keys.output_part), and finalize reads only these.
+    # A chunk missing here was committed before attempts were recorded (old key layout).
+    part_attempts: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     rows_done: Mapped[int] = mapped_column(Integer, default=0)
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
+    # Usage of the committed output lines: prompt and generated tokens apart.
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[float] = mapped_column(default=time.time)
 
@@ -181,7 +190,7 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     endpoint: Mapped[str] = mapped_column(String(64))
     body: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    status: Mapped[str] = mapped_column(String(16))  # queued|running|completed|failed
+    status: Mapped[str] = mapped_column(String(16))  # JobStatus
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
@@ -208,7 +217,7 @@ class IdempotencyKey(Base):
                                            primary_key=True)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))  # pending | done
+    status: Mapped[str] = mapped_column(String(16))  # IdempotencyState
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     response_body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)

@@ -5,13 +5,16 @@ execution safe under redelivery (see docs/RELIABILITY.md)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import and_, case, func, literal, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from jobs.errors import InvalidRequest
 from jobs.models import ApiKey, Batch, File, Shard
-from jobs.status import SHARD_FINISHED, ShardStatus
+from jobs.outputs import Tokens
+from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
 
 def tenant_for_key_hash(s: Session, key_hash: str) -> str | None:
@@ -35,22 +38,36 @@ def get_batch(s: Session, tenant_id: str | None, batch_id: str, lock: bool = Fal
 
 def page(s: Session, model: type[Batch] | type[File], tenant_id: str, after: str | None,
          limit: int, extra: list[Any] | None = None) -> tuple[list[Any], bool]:
-    """Newest first; ids are time-ordered so ``after`` is a plain id comparison."""
+    """Newest first; ids are time-ordered so ``after`` is a plain id comparison.
+    ``after`` must be one of the tenant's own ids (a cursor from an earlier page)."""
     q = select(model).where(model.tenant_id == tenant_id, *(extra or []))
     if after:
+        known = s.scalar(select(model.id).where(model.id == after, model.tenant_id == tenant_id))
+        if known is None:
+            raise InvalidRequest(f"after: no such object {after!r}; pass the id of an item "
+                                 "from a previous page", param="after")
         q = q.where(model.id < after)
     rows = list(s.scalars(q.order_by(model.id.desc()).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
 
 
-def shard_sums(s: Session, batch_ids: list[str]) -> dict[str, tuple[int, int, int]]:
-    """(completed, failed, prompt_tokens) per batch, summed over its shards."""
+class ShardSums(NamedTuple):
+    """A batch's counts, summed over its shards (all zero before it has shards)."""
+
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def shard_sums(s: Session, batch_ids: list[str]) -> dict[str, ShardSums]:
+    """Request counts and token usage per batch, summed over its shards."""
     if not batch_ids:
         return {}
     q = (select(Shard.batch_id, func.sum(Shard.completed), func.sum(Shard.failed),
-                func.sum(Shard.prompt_tokens))
+                func.sum(Shard.prompt_tokens), func.sum(Shard.completion_tokens))
          .where(Shard.batch_id.in_(batch_ids)).group_by(Shard.batch_id))
-    return {b: (int(c or 0), int(f or 0), int(t or 0)) for b, c, f, t in s.execute(q)}
+    return {b: ShardSums(*(int(v or 0) for v in sums)) for b, *sums in s.execute(q)}
 
 
 def claim_shard(s: Session, shard_id: str, token: str, worker: str, ttl_s: float) -> Shard | None:
@@ -84,20 +101,36 @@ def give_up_message(stalls: int) -> str:
             "early (worker killed, lost or out of memory)")
 
 
-def checkpoint(s: Session, shard_id: str, token: str, chunks_done: int, rows: int,
-               completed: int, failed: int, tokens: int, ttl_s: float) -> bool:
-    """Record one more committed chunk and renew the lease; False if fenced off."""
+def checkpoint(s: Session, shard_id: str, token: str, attempt: int, chunks_done: int,
+               rows: int, completed: int, failed: int, tokens: Tokens, ttl_s: float) -> bool:
+    """Commit chunk ``chunks_done - 1``, written by ``attempt`` (its parts are keyed by
+    it), and renew the lease; False if fenced off.
+
+    ``tokens``: the usage of the chunk's output lines. The attempt is recorded in
+    ``part_attempts`` by the same conditional UPDATE, so finalize reads the parts of
+    the attempt that committed the chunk, never those a fenced worker wrote later."""
     now = time.time()
     res = s.execute(
         update(Shard)
-        .where(Shard.id == shard_id, Shard.lease_token == token,
+        .where(Shard.id == shard_id, Shard.lease_token == token, Shard.attempt == attempt,
                Shard.chunks_done == chunks_done - 1)
         .values(chunks_done=chunks_done, rows_done=Shard.rows_done + rows,
+                part_attempts=Shard.part_attempts.op("||")(
+                    literal({str(chunks_done - 1): attempt}, JSONB)),
                 completed=Shard.completed + completed, failed=Shard.failed + failed,
-                prompt_tokens=Shard.prompt_tokens + tokens, lease_expires_at=now + ttl_s,
+                prompt_tokens=Shard.prompt_tokens + tokens.prompt,
+                completion_tokens=Shard.completion_tokens + tokens.completion,
+                lease_expires_at=now + ttl_s,
                 updated_at=now)
     )
     return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def part_attempt(sh: Shard, chunk: int) -> int | None:
+    """The attempt whose parts the checkpoint committed for ``chunk``; None for a chunk
+    committed before attempts were recorded (its parts use the key without one)."""
+    attempt = (sh.part_attempts or {}).get(str(chunk))
+    return None if attempt is None else int(attempt)
 
 
 def count_rows(s: Session, shard_id: str, started: int, computed: int) -> None:
@@ -145,4 +178,4 @@ def shards_of(s: Session, batch_id: str) -> list[Shard]:
 def batch_stopping(s: Session, batch_id: str) -> bool:
     """Whether a running shard of this batch should stop at its next chunk."""
     row = s.execute(select(Batch.status, Batch.expired_at).where(Batch.id == batch_id)).first()
-    return row is None or row[0] == "cancelling" or row[1] is not None
+    return row is None or row[0] == BatchStatus.CANCELLING or row[1] is not None

@@ -21,25 +21,25 @@ def completion_id(chat: bool) -> str:
 def chat_completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
                     completion_tokens: int, cid: str | None = None,
                     created: int | None = None) -> dict[str, Any]:
-    return {
-        "id": cid or completion_id(True), "object": "chat.completion",
-        "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                                             "refusal": None},
-                     "finish_reason": finish_reason, "logprobs": None}],
-        "usage": usage(prompt_tokens, completion_tokens), "system_fingerprint": None,
-    }
+    message = {"role": "assistant", "content": text, "refusal": None}
+    return _completion(True, model, {"message": message}, finish_reason,
+                       usage(prompt_tokens, completion_tokens), cid, created)
 
 
 def text_completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
                     completion_tokens: int, cid: str | None = None,
                     created: int | None = None) -> dict[str, Any]:
+    return _completion(False, model, {"text": text}, finish_reason,
+                       usage(prompt_tokens, completion_tokens), cid, created)
+
+
+def _completion(chat: bool, model: str, content: dict[str, Any], finish_reason: str,
+                use: dict[str, int], cid: str | None, created: int | None) -> dict[str, Any]:
     return {
-        "id": cid or completion_id(False), "object": "text_completion",
-        "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason,
-                     "logprobs": None}],
-        "usage": usage(prompt_tokens, completion_tokens), "system_fingerprint": None,
+        "id": cid or completion_id(chat), "object": "chat.completion" if chat else
+        "text_completion", "created": created or int(time.time()), "model": model,
+        "choices": [{"index": 0, **content, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": use, "system_fingerprint": None,
     }
 
 

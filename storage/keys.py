@@ -17,9 +17,15 @@ def validation_errors(batch_id: str) -> str:
     return f"batches/{batch_id}/validation-errors.jsonl"
 
 
-def output_part(batch_id: str, shard_index: int, chunk: int, kind: str) -> str:
-    """Deterministic per (shard, chunk): a redelivered chunk overwrites, never duplicates."""
-    return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.{kind}.jsonl"
+def output_part(batch_id: str, shard_index: int, chunk: int, kind: str,
+                attempt: int | None = None) -> str:
+    """One key per (shard, chunk, attempt that wrote it): a worker whose lease lapsed
+    and that writes its chunk late never overwrites the part another attempt committed
+    (the checkpoint records which attempt committed each chunk). ``attempt`` None is
+    the layout of parts committed before attempts were recorded: (shard, chunk) only."""
+    if attempt is None:
+        return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.{kind}.jsonl"
+    return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.a{attempt:06d}.{kind}.jsonl"
 
 
 def shard_parts_prefix(batch_id: str, shard_index: int) -> str:

@@ -1,9 +1,9 @@
-"""Parquet layouts for shards and dataset inputs/outputs."""
+"""Parquet files: shard layout, reading uploaded datasets, writing rows of a given schema."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,58 +51,19 @@ def is_parquet(head: bytes) -> bool:
     return head[:4] == b"PAR1"
 
 
-OUTPUT_SCHEMA = pa.schema([
-    ("custom_id", pa.string()),
-    ("status_code", pa.int32()),       # null when the request never ran
-    ("embedding", pa.list_(pa.float32())),
-    ("prompt_tokens", pa.int32()),
-    ("error_code", pa.string()),
-    ("error_message", pa.string()),
-])
-
-
-def _output_row(line: dict[str, Any]) -> dict[str, Any]:
-    resp, err = line.get("response"), line.get("error")
-    row: dict[str, Any] = {"custom_id": line["custom_id"], "status_code": None,
-                           "embedding": None, "prompt_tokens": None, "error_code": None,
-                           "error_message": None}
-    if resp is not None:
-        row["status_code"] = resp["status_code"]
-        body = resp.get("body") or {}
-        if resp["status_code"] == 200:
-            row["embedding"] = body["data"][0]["embedding"]
-            row["prompt_tokens"] = body.get("usage", {}).get("prompt_tokens")
-        else:
-            err = body.get("error")
-    if err:
-        row["error_code"], row["error_message"] = err.get("code"), err.get("message")
-    return row
-
-
-def jsonl_to_parquet(blocks: Iterator[bytes], path: Path, rows_per_group: int = 5000) -> int:
-    """Convert batch output lines (streamed blocks of JSONL) to a Parquet file; returns rows."""
-    import orjson
-
+def write_rows(path: Path, schema: pa.Schema, rows: Iterable[dict[str, Any]],
+               rows_per_group: int = 5000) -> int:
+    """Write rows (dicts keyed by the schema's column names) to a Parquet file, streamed
+    by row group; returns the number of rows."""
     n = 0
     pending: list[dict[str, Any]] = []
-    tail = b""
-    with pq.ParquetWriter(path, OUTPUT_SCHEMA, compression="zstd") as w:
-        def flush() -> None:
-            if pending:
-                w.write_table(pa.Table.from_pylist(pending, schema=OUTPUT_SCHEMA))
-                pending.clear()
-
-        for block in blocks:
-            parts = (tail + block).split(b"\n")
-            tail = parts.pop()
-            for raw in parts:
-                if raw.strip():
-                    pending.append(_output_row(orjson.loads(raw)))
-                    n += 1
-            if len(pending) >= rows_per_group:
-                flush()
-        if tail.strip():
-            pending.append(_output_row(orjson.loads(tail)))
+    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+        for row in rows:
+            pending.append(row)
             n += 1
-        flush()
+            if len(pending) >= rows_per_group:
+                w.write_table(pa.Table.from_pylist(pending, schema=schema))
+                pending.clear()
+        if pending:
+            w.write_table(pa.Table.from_pylist(pending, schema=schema))
     return n

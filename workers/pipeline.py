@@ -1,10 +1,12 @@
 """Shard processing, free of Celery: claim, read in chunks, run, write, checkpoint.
 
-Called by the shard task. Chunk ``k`` is written to its deterministic part key
-before the fenced checkpoint that commits it, so a redelivered or resumed shard
-starts at the first uncommitted chunk and never duplicates a line. The next
-chunk is queued on the engine before the current one is written out, so the
-model never waits for I/O.
+Called by the shard task. Chunk ``k`` is written to its part key, which names this
+claim's attempt, before the fenced checkpoint that commits it and records that
+attempt, so a redelivered or resumed shard starts at the first uncommitted chunk
+and never duplicates a line, and a worker whose lease lapsed can write late but
+never over a part another attempt committed (finalize reads only committed
+parts). The next chunk is queued on the engine before the current one is written
+out, so the model never waits for I/O.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.models import Batch, Shard
-from jobs.status import ShardStatus
+from jobs.status import ShardOutcome, ShardStatus
 from storage import keys
 from storage.parquet import read_rows
 from workers.embedding_engine import PRIORITY_BY_TIER
@@ -32,7 +34,7 @@ log = logging.getLogger("inferq.pipeline")
 
 @dataclass
 class ShardResult:
-    outcome: str  # done | duplicate | fenced | cancelled | handed_back | retry | failed
+    outcome: ShardOutcome
     finalize: bool = False
     retry_in_s: float = 0.0
 
@@ -69,18 +71,18 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
     committing the chunk, whose results came from a failing model."""
     st = ctx.settings
     if not healthy():
-        return ShardResult("handed_back", retry_in_s=st.breaker_cooldown_s)
+        return ShardResult(ShardOutcome.HANDED_BACK, retry_in_s=st.breaker_cooldown_s)
     token = secrets.token_hex(16)
     with ctx.db.session() as s:
         sh = repo.claim_shard(s, shard_id, token, worker, st.lease_seconds)
         if sh is None:
-            return ShardResult("duplicate")
+            return ShardResult(ShardOutcome.DUPLICATE)
         b = s.get(Batch, sh.batch_id)
         assert b is not None
         batch_id, attempt, stalls = b.id, sh.attempt, sh.stalls
         endpoint, tier = b.endpoint, b.service_tier
     if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
-        return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
+        return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, ShardOutcome.FAILED,
                         repo.give_up_message(stalls))
     keeper = LeaseKeeper(ctx, shard_id, token)
     keeper.start()
@@ -93,9 +95,11 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
             now = s.get(Shard, shard_id)
             in_a_row = repo.stalled_attempts(now) if now is not None else stalls
         if in_a_row >= st.max_shard_attempts:
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, "failed",
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED,
+                            ShardOutcome.FAILED,
                             f"failed {in_a_row} times in a row without progress: {e}")
-        res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "retry", str(e))
+        res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, ShardOutcome.RETRY,
+                       str(e))
         res.retry_in_s = min(60.0, 2.0 ** (stalls + 1)) * (0.5 + random.random())
         return res
     finally:
@@ -107,6 +111,7 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
          keeper: LeaseKeeper) -> ShardResult:
     st = ctx.settings
     batch_id, index, shard_id, start_chunk = sh.batch_id, sh.index, sh.id, sh.chunks_done
+    attempt = sh.attempt  # this claim's: its part keys are its own
     # Resume after the committed rows, not chunks_done x chunk_rows: the chunk size is
     # this worker's setting and may differ from the one that committed the chunks.
     with ctx.store.open(sh.object_key) as f:
@@ -128,27 +133,30 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
         count_rows(ctx, shard_id, len(nxt.rows) if nxt is not None else 0, len(cur.rows))
         if not healthy():
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back",
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+                            ShardOutcome.HANDED_BACK,
                             "handed back: this worker's model keeps failing",
                             not_its_fault=True)
-        ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok"), ok)
-        ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err"), err)
+        ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok", attempt), ok)
+        ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err", attempt), err)
         with ctx.db.session() as s:
             committed = not keeper.lost and repo.checkpoint(
-                s, shard_id, token, c + 1, len(cur.rows), completed, failed, tokens,
+                s, shard_id, token, attempt, c + 1, len(cur.rows), completed, failed, tokens,
                 st.lease_seconds)
             stopping = committed and repo.batch_stopping(s, batch_id)
         if not committed:
             runner.cancel(nxt)
             log.warning("shard %s: lease lost at chunk %d, stopping", shard_id, c)
-            return ShardResult("fenced")
+            return ShardResult(ShardOutcome.FENCED)
         if stopping:  # cancelled, or its completion window passed
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED, "cancelled")
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
+                            ShardOutcome.CANCELLED)
         if nxt is not None and stop_requested():
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, "handed_back")
-    return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, "done")
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+                            ShardOutcome.HANDED_BACK)
+    return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, ShardOutcome.DONE)
 
 
 def count_rows(ctx: Context, shard_id: str, started: int, computed: int) -> None:
@@ -162,12 +170,12 @@ def count_rows(ctx: Context, shard_id: str, started: int, computed: int) -> None
 
 
 def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,
-             outcome: str, error: str | None = None, not_its_fault: bool = False
+             outcome: ShardOutcome, error: str | None = None, not_its_fault: bool = False
              ) -> ShardResult:
     """Give up the lease; the last shard of a batch to finish asks for finalize."""
     with ctx.db.session() as s:
         repo.get_batch(s, None, batch_id, lock=True)  # serialises "am I the last?" per batch
         if not repo.release_shard(s, shard_id, token, status, error, not_its_fault):
-            return ShardResult("fenced")
+            return ShardResult(ShardOutcome.FENCED)
         last = status != ShardStatus.QUEUED and repo.unfinished_shards(s, batch_id) == 0
     return ShardResult(outcome, finalize=last)

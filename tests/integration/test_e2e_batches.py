@@ -33,7 +33,12 @@ def test_batch_roundtrip_with_openai_sdk(sdk) -> None:  # type: ignore[no-untype
     assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == \
         (1000, 1000, 0)
     assert b.metadata == {"team": "search"} and b.error_file_id is None
+    assert b.service_tier == "default"
     out = lines(sdk, b.output_file_id)
+    prompt = sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in out)
+    assert b.usage is not None
+    assert (b.usage.input_tokens, b.usage.output_tokens, b.usage.total_tokens) == \
+        (prompt, 0, prompt)
     counts = Counter(line["custom_id"] for line in out)
     assert set(counts) == {r["custom_id"] for r in rows} and set(counts.values()) == {1}
     by_id = {line["custom_id"]: line for line in out}

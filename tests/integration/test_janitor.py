@@ -16,27 +16,21 @@ from jobs import janitor, service
 from jobs.context import Context
 from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
 from jobs.models import Batch, File, Shard, new_id
+from jobs.outputs import Tokens
+from jobs.settings import Settings
 from jobs.status import BatchStatus, ShardStatus
-from tests.conftest import free_port, fresh_database
+from tests.conftest import free_port
 
 
 @pytest.fixture
-def jctx(settings, pg_admin_url, redis_url) -> Iterator[Context]:  # type: ignore[no-untyped-def]
+def jctx(own_settings: Settings) -> Iterator[Context]:
     """A database and a Redis DB of its own: the sweep acts on every batch it finds,
     and other tests' control workers sweep the session's database and consume the
-    isolated Redis DB's control queue."""
-    base, _, db = redis_url.rpartition("/")
-    own_redis = f"{base}/{(int(db) + 2) % 16}"
-    with fresh_database(pg_admin_url) as url:
-        c = Context(settings.model_copy(update={
-            "database_url": url, "redis_url": own_redis, "max_shard_attempts": 3,
-            "stranded_shard_s": 60}))
-        c.redis.flushdb()
-        try:
-            yield c
-        finally:
-            c.redis.flushdb()
-            c.close()
+    session's control queue."""
+    c = Context(own_settings.model_copy(update={"max_shard_attempts": 3,
+                                                "stranded_shard_s": 60}))
+    yield c
+    c.close()
 
 
 def make_batch(ctx: Context, shards: list[dict[str, object]],
@@ -124,13 +118,16 @@ def test_claims_count_attempts_in_a_row_without_progress(jctx) -> None:  # type:
             s.expunge(sh)
             return sh
 
-    def commit(token: str, chunk: int) -> None:
+    def commit(sh: Shard, chunk: int) -> None:
         with jctx.db.session() as s:
-            assert repo.checkpoint(s, sid, token, chunk, 10, 10, 0, 5, ttl_s=-1)
+            assert sh.lease_token is not None
+            assert repo.checkpoint(s, sid, sh.lease_token, sh.attempt, chunk, 10, 10, 0,
+                                   Tokens(5), ttl_s=-1)
 
     assert claim("t1").stalls == 0  # first attempt
-    assert claim("t2").stalls == 1  # t1 died before committing
-    commit("t2", 1)
+    t2 = claim("t2")
+    assert t2.stalls == 1  # t1 died before committing
+    commit(t2, 1)
     assert claim("t3").stalls == 0  # t2 moved the checkpoint
     assert claim("t4").stalls == 1
     with jctx.db.session() as s:  # t4's model failed: it gives the shard back

@@ -1,4 +1,5 @@
-"""Alembic migrations: one head, and a clean upgrade/downgrade/upgrade on a fresh database."""
+"""Alembic migrations on PostgreSQL: the session database is at the head, and a clean
+upgrade/downgrade/upgrade on a fresh database (one head: tests/unit/test_migrations.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,6 @@ from jobs.models import Base
 from storage.db import alembic_config, downgrade, migrate, normalize_url
 
 TABLES = {"models", "tenants", "api_keys", "files", "batches", "shards"}
-
-
-def test_single_head(database_url: str) -> None:
-    script = ScriptDirectory.from_config(alembic_config(database_url))
-    heads = script.get_heads()
-    assert len(heads) == 1, heads
-    # the history is one linear chain from base to the head
-    revs = list(script.walk_revisions("base", "heads"))
-    assert revs[0].revision == heads[0]
-    assert revs[-1].down_revision is None
-    assert all(not r.is_merge_point for r in revs)
 
 
 def test_migrated_session_database_is_at_head(database_url: str) -> None:
