@@ -7,23 +7,37 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
+from jobs import catalog
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
 from jobs.requests import EMBEDDINGS, ENDPOINTS, parse_embeddings, parse_generation
+from jobs.status import JobStatus
 
 QUEUE = "inferq:queue:jobs"
+
+
+class JobCreate(BaseModel):
+    """The body of ``POST /v1/jobs``; ``body`` is judged by its endpoint's own model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(max_length=64)
+    body: dict[str, Any]
+    callback_url: str | None = Field(default=None, max_length=2048)
 
 
 def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
     if endpoint not in ENDPOINTS:
         raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
     if endpoint == EMBEDDINGS:
-        return parse_embeddings(body, ctx.settings.max_embedding_inputs).model_dump(
+        return parse_embeddings(body, ctx.settings.max_embedding_inputs,
+                                catalog.cached(ctx)).model_dump(
             exclude_none=True)
-    req = parse_generation(endpoint, body)
+    req = parse_generation(endpoint, body, catalog.cached(ctx))
     if req.stream:
         raise InvalidRequest("a job is answered asynchronously; stream must be false",
                              param="body.stream")
@@ -34,7 +48,7 @@ def create(ctx: Context, tenant_id: str, endpoint: str, body: Any,
            callback_url: str | None = None) -> Job:
     clean = validate(ctx, endpoint, body)
     job = Job(id=new_id("job_"), tenant_id=tenant_id, endpoint=endpoint, body=clean,
-              status="queued", callback_url=callback_url, created_at=now())
+              status=JobStatus.QUEUED, callback_url=callback_url, created_at=now())
     with ctx.db.session() as s:
         s.add(job)
     ctx.redis.rpush(QUEUE, job.id)  # after the commit: a lost push is recovered by workers
@@ -60,9 +74,9 @@ def claim(ctx: Context, job_ids: list[str], worker: str, token: str, ttl_s: floa
         rows = s.scalars(
             update(Job)
             .where(Job.id.in_(job_ids),
-                   or_(Job.status == "queued",
-                       (Job.status == "running") & (Job.lease_expires_at < t)))
-            .values(status="running", attempt=Job.attempt + 1, lease_token=token,
+                   or_(Job.status == JobStatus.QUEUED,
+                       (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < t)))
+            .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, lease_token=token,
                     lease_expires_at=t + ttl_s, worker=worker,
                     started_at=int(t))
             .returning(Job)
@@ -74,16 +88,20 @@ def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | Non
              error: dict[str, Any] | None) -> bool:
     with ctx.db.session() as s:
         res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token)
-                        .values(status="failed" if error else "completed", result=result,
-                                error=error, completed_at=now(), lease_token=None,
+                        .values(status=JobStatus.FAILED if error else JobStatus.COMPLETED,
+                                result=result, error=error, completed_at=now(), lease_token=None,
                                 lease_expires_at=None))
         return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
-def renew(ctx: Context, token: str, ttl_s: float) -> int:
-    """Extend the leases of every job this consumer still holds; returns how many."""
+def renew(ctx: Context, token: str, ttl_s: float, job_ids: list[str]) -> int:
+    """Extend the leases of ``job_ids``, the jobs a consumer still has in flight under
+    ``token`` (a job it let go lapses and is recovered); returns how many."""
+    if not job_ids:
+        return 0
     with ctx.db.session() as s:
-        res = s.execute(update(Job).where(Job.lease_token == token, Job.status == "running")
+        res = s.execute(update(Job).where(Job.id.in_(job_ids), Job.lease_token == token,
+                                          Job.status == JobStatus.RUNNING)
                         .values(lease_expires_at=time.time() + ttl_s))
         return int(res.rowcount)  # type: ignore[attr-defined]
 
@@ -93,9 +111,10 @@ def recover(ctx: Context, stale_queued_s: float = 30) -> list[str]:
     (their push was lost, e.g. Redis restarted). Claims stay conditional, so a job
     pushed twice still runs once."""
     t = time.time()
-    lost: Any = (Job.status == "running") & (Job.lease_expires_at < t)
+    lost: Any = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < t)
     if ctx.redis.llen(QUEUE) == 0:  # nothing in flight, so old queued jobs were dropped
-        lost = or_(lost, (Job.status == "queued") & (Job.created_at < int(t - stale_queued_s)))
+        lost = or_(lost, (Job.status == JobStatus.QUEUED)
+                   & (Job.created_at < int(t - stale_queued_s)))
     with ctx.db.session() as s:
         ids = list(s.scalars(select(Job.id).where(lost).limit(1000)))
     if ids:

@@ -14,6 +14,8 @@ from kombu import Exchange, Queue
 from jobs.settings import Settings
 
 QUEUES = ("control", "batch", "flex")
+# The lanes that run a model (control runs none), in the order health reports them.
+MODEL_LANES = ("realtime", "jobs", "batch", "flex")
 TASK_VALIDATE = "inferq.validate_batch"
 TASK_SHARD = "inferq.process_shard"
 TASK_FINALIZE = "inferq.finalize_batch"

@@ -3,6 +3,14 @@ OpenAI error shape, so use cases never know about Flask."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as StoreConnectionError
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 
 class InferqError(Exception):
     status = 400
@@ -18,17 +26,26 @@ class InferqError(Exception):
             self.code = code
         self.headers = headers or {}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI error object (the value of a response's ``"error"``)."""
+        return {"message": self.message, "type": self.type, "param": self.param,
+                "code": self.code}
+
 
 class InvalidRequest(InferqError):
     status = 400
 
 
 class Unauthorized(InferqError):
+    """No API key, or one this service does not know."""
+
     status = 401
     code = "invalid_api_key"
 
 
 class NotFound(InferqError):
+    """No such object for this tenant (another tenant's ids included: 404, never 403)."""
+
     status = 404
     code = "not_found"
 
@@ -42,11 +59,15 @@ class Conflict(InferqError):
 
 
 class PayloadTooLarge(InferqError):
+    """A body or a single request larger than a limit of this service."""
+
     status = 413
     code = "payload_too_large"
 
 
 class Unavailable(InferqError):
+    """Nothing can serve the request right now; the client retries after ``retry-after``."""
+
     status = 503
     type = "server_error"
     code = "unavailable"
@@ -59,3 +80,43 @@ class RequestTimeout(InferqError):
     status = 504
     type = "server_error"
     code = "request_timeout"
+
+
+class ModelNotLoaded(Unavailable):
+    """A request for a registered model that no worker serves now (a worker answers
+    only for the models it holds)."""
+
+    code = "model_not_loaded"
+
+    def __init__(self, model: str, retry_after: int = 5) -> None:
+        super().__init__(f"no worker serves model {model!r} right now; retry later, or ask "
+                         "for a model that is served", retry_after)
+        self.param = "model"
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """Client-sent data for a message: cut to ``limit`` characters and escaped as
+    ``repr`` escapes (no NUL or control character reaches a log or the database); a
+    string is quoted, anything else is shown as ``str`` would (``7``, ``['a']``)."""
+    text = value if isinstance(value, str) else str(value)
+    quoted = repr(text if len(text) <= limit else text[:limit] + "...")
+    return quoted if isinstance(value, str) else quoted[1:-1]
+
+
+# A backend that did not answer this time (PostgreSQL restarting, a broker reconnect,
+# the object store unreachable): trying again may succeed. Celery retries tasks that
+# raise one of these; ``transient`` also knows the object store's 5xx and 429 answers.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError, BrokerError,
+    ConnectionError, TimeoutError, StoreConnectionError, HTTPClientError)
+
+
+def transient(e: BaseException) -> bool:
+    """Whether trying again may succeed (a backend briefly unreachable), as opposed to
+    a fault of the batch's data or of this code, which trying again would only repeat."""
+    if isinstance(e, TRANSIENT):
+        return True
+    if isinstance(e, ClientError):
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return bool(status >= 500 or status == 429)
+    return False

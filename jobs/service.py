@@ -4,20 +4,25 @@ write once, commit, and only then send the messages the commit made valid."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from typing import IO
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from jobs import catalog
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from jobs.errors import Conflict, InvalidRequest, NotFound, Unauthorized, shown, transient
 from jobs.models import ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
-from jobs.requests import MODELS, BatchCreate
+from jobs.requests import BatchCreate
 from jobs.sharding import validate_and_shard
 from jobs.status import BatchStatus
 from storage import keys
 from storage.parquet import is_parquet
+
+log = logging.getLogger("inferq.service")
 
 UPLOAD_PURPOSES = ("batch",)
 WINDOW_SECONDS = {"24h": 24 * 3600}
@@ -31,14 +36,7 @@ def create_tenant(ctx: Context, name: str) -> tuple[str, str]:
     """A tenant and its first API key; returns (tenant_id, key). The key is shown once."""
     key = "iq-" + secrets.token_urlsafe(32)
     with ctx.db.session() as s:
-        tenant = s.scalar(select(Tenant).where(Tenant.name == name))
-        if tenant is None:
-            tenant = Tenant(id=new_id("tnt_"), name=name)
-            s.add(tenant)
-            s.flush()
-        s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
-                     prefix=key[:10]))
-        return tenant.id, key
+        return _add_key(s, name, key), key
 
 
 def ensure_key(ctx: Context, tenant_name: str, key: str) -> str:
@@ -46,14 +44,19 @@ def ensure_key(ctx: Context, tenant_name: str, key: str) -> str:
     with ctx.db.session() as s:
         if (tid := repo.tenant_for_key_hash(s, hash_key(key))) is not None:
             return tid
-        tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
-        if tenant is None:
-            tenant = Tenant(id=new_id("tnt_"), name=tenant_name)
-            s.add(tenant)
-            s.flush()
-        s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
-                     prefix=key[:10]))
-        return tenant.id
+        return _add_key(s, tenant_name, key)
+
+
+def _add_key(s: Session, tenant_name: str, key: str) -> str:
+    """Store ``key`` for the tenant named ``tenant_name`` (created if new); its id."""
+    tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
+    if tenant is None:
+        tenant = Tenant(id=new_id("tnt_"), name=tenant_name)
+        s.add(tenant)
+        s.flush()
+    s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
+                 prefix=key[:10]))
+    return tenant.id
 
 
 def authenticate(ctx: Context, key: str | None) -> str:
@@ -148,9 +151,14 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate) -> Batch:
         if f.purpose != "batch":
             raise InvalidRequest(f"file {f.id} has purpose {f.purpose!r}; a batch input needs "
                                  "purpose 'batch'", param="input_file_id")
-        if "model" in req.body and req.body["model"] not in MODELS:
-            raise InvalidRequest(f"The model '{req.body['model']}' does not exist",
-                                 param="body.model", code="model_not_found")
+        if "model" in req.body:
+            if not isinstance(req.body["model"], str):
+                raise InvalidRequest("body.model must be a string", param="body.model")
+            catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model")
+        elif f.format == "parquet":
+            raise InvalidRequest("a Parquet input names no model: give the batch's body.model "
+                                 '(e.g. "body": {"model": "all-MiniLM-L6-v2"}; --model in the '
+                                 "CLI)", param="body.model", code="missing_model")
         created = now()
         b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint=req.endpoint,
                   input_file_id=f.id, completion_window=req.completion_window,
@@ -162,20 +170,20 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate) -> Batch:
     return b
 
 
-def get_batch(ctx: Context, tenant_id: str, batch_id: str) -> tuple[Batch, tuple[int, int, int]]:
+def get_batch(ctx: Context, tenant_id: str, batch_id: str) -> tuple[Batch, repo.ShardSums]:
     with ctx.db.session() as s:
         b = repo.get_batch(s, tenant_id, batch_id)
         if b is None:
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-        return b, repo.shard_sums(s, [b.id]).get(b.id, (0, 0, 0))
+        return b, repo.shard_sums(s, [b.id]).get(b.id, repo.ShardSums())
 
 
 def list_batches(ctx: Context, tenant_id: str, after: str | None, limit: int
-                 ) -> tuple[list[tuple[Batch, tuple[int, int, int]]], bool]:
+                 ) -> tuple[list[tuple[Batch, repo.ShardSums]], bool]:
     with ctx.db.session() as s:
         rows, more = repo.page(s, Batch, tenant_id, after, limit)
         sums = repo.shard_sums(s, [b.id for b in rows])
-    return [(b, sums.get(b.id, (0, 0, 0))) for b in rows], more
+    return [(b, sums.get(b.id, repo.ShardSums())) for b in rows], more
 
 
 def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
@@ -203,7 +211,39 @@ def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
 
 
 def validate_batch(ctx: Context, batch_id: str) -> None:
-    """Control task body: validate + shard the input, then queue the shards."""
+    """Control task body: validate + shard the input, then queue the shards.
+
+    A failure that trying again would only repeat (as opposed to a backend briefly
+    unreachable, which the task retries) fails the batch, once, with the reason."""
+    try:
+        _validate(ctx, batch_id)
+    except Exception as e:
+        if transient(e) or not _fail_validation(ctx, batch_id, e):
+            raise
+        log.exception("batch %s: validation failed", batch_id)
+
+
+def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
+    """End a batch whose validation failed; False if it had got past validation."""
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is None or b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return False
+        if b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+        else:
+            b.status, b.failed_at = BatchStatus.FAILED, now()
+            b.errors = [{"code": "validation_failed", "line": None, "param": None,
+                         "message": f"the input file could not be validated "
+                                    f"({type(e).__name__}: {shown(e, 300)})"}]
+    try:  # shards it may have written
+        ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+    except Exception:  # noqa: BLE001 - the batch has ended; its objects are only left over
+        log.exception("batch %s: could not delete its objects", batch_id)
+    return True
+
+
+def _validate(ctx: Context, batch_id: str) -> None:
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id)
         if b is None or b.status != BatchStatus.VALIDATING:
@@ -217,7 +257,8 @@ def validate_batch(ctx: Context, batch_id: str) -> None:
     plan = validate_and_shard(
         ctx.store, batch_id=batch_id, file_key=file_key, file_format=fmt, endpoint=endpoint,
         defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
-        max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch)
+        max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
+        models=catalog.load(ctx))
     shard_ids: list[str] = []
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)

@@ -5,6 +5,11 @@ custom_id, wrong url or method, unknown or mixed models, bad encoding, a line
 over the size limit) are collected with line numbers and fail the batch.
 Per-request problems (the body does not match the endpoint's schema) become
 error-file lines and the rest of the batch runs.
+
+Client text quoted in a whole-file error (a custom_id, a url, a model name) goes
+through ``shown``: escaped and cut short, since the errors are stored with the batch.
+A shard holds each request's body as the schema read it (JSON text), whatever types
+the input file used (a Parquet binary column reads as text).
 """
 
 from __future__ import annotations
@@ -18,14 +23,27 @@ from typing import IO, Any
 
 import orjson
 
-from jobs.errors import InvalidRequest
-from jobs.requests import EMBEDDINGS, MODELS, parse_embeddings, parse_generation, text_length
+from jobs import outputs
+from jobs.catalog import Catalog
+from jobs.errors import InvalidRequest, shown
+from jobs.requests import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    parse_embeddings,
+    parse_generation,
+    text_length,
+)
 from storage import keys
 from storage.objects import ObjectStore, buffered
 from storage.parquet import dataset_columns, iter_dataset, shard_bytes
 
 MAX_REPORTED_ERRORS = 100
-INPUT_COLUMNS = ("input", "prompt", "messages")
+# The input column of a Parquet dataset, by endpoint.
+DATASET_COLUMN = {EMBEDDINGS: "input", CHAT: "messages", COMPLETIONS: "prompt"}
+MAX_COLUMNS_SHOWN = 20
+MESSAGES_HINT = ("a messages cell must be a list of {role, content} structs, or a JSON array "
+                 'of them as text, e.g. [{"role": "user", "content": "Hi"}]; this one is not')
 
 
 @dataclass
@@ -47,8 +65,9 @@ class ShardPlan:
 
 class _Sharder:
     def __init__(self, store: ObjectStore, batch_id: str, endpoint: str, shard_rows: int,
-                 max_inputs: int, max_requests: int) -> None:
+                 max_inputs: int, max_requests: int, models: Catalog) -> None:
         self.store, self.batch_id, self.endpoint = store, batch_id, endpoint
+        self.models = models  # the registry, read once for the whole batch
         self.shard_rows, self.max_inputs, self.max_requests = shard_rows, max_inputs, max_requests
         self.plan = ShardPlan()
         self.rows: list[tuple[int, str, str, int]] = []
@@ -56,34 +75,38 @@ class _Sharder:
         self.invalid_lines: list[bytes] = []
         self.single_input = False  # Parquet datasets: one text per row
 
-    def add(self, line_no: int, custom_id: Any, body: Any) -> None:
-        """Check one request; queue it for a shard or record why not."""
+    def add(self, line_no: int, custom_id: Any, body: Any,
+            problem: InvalidRequest | None = None) -> None:
+        """Check one request; queue it for a shard or record why not. ``problem``: why
+        its body is already known to be invalid (an error line, as a schema error)."""
         plan = self.plan
-        if not isinstance(custom_id, str) or not custom_id:
-            return plan.fail("missing_custom_id", "custom_id must be a non-empty string", line_no,
-                             "custom_id")
+        if custom_id is None or custom_id == "":
+            return plan.fail("missing_custom_id", "custom_id is required (a non-empty string)",
+                             line_no, "custom_id")
+        if not isinstance(custom_id, str):
+            return plan.fail("invalid_custom_id", f"custom_id must be a string, got "
+                             f"{_json_type(custom_id)} {shown(custom_id)}; quote it",
+                             line_no, "custom_id")
         digest = hashlib.blake2b(custom_id.encode(), digest_size=16).digest()
         if digest in self.seen:
-            return plan.fail("duplicate_custom_id", f"custom_id {custom_id!r} appears more "
-                             "than once", line_no, "custom_id")
+            return plan.fail("duplicate_custom_id", f"custom_id {shown(custom_id)} appears "
+                             "more than once", line_no, "custom_id")
         self.seen.add(digest)
         if not isinstance(body, dict):
             return plan.fail("invalid_body", "body must be a JSON object", line_no, "body")
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return plan.fail("missing_model", "body.model is required", line_no, "body.model")
-        if model not in MODELS:
-            return plan.fail("model_not_found", f"The model '{model}' does not exist", line_no,
-                             "body.model")
-        if (MODELS[model] == "embeddings") != (self.endpoint == EMBEDDINGS):
-            return plan.fail("model_not_found", f"The model '{model}' does not serve "
-                             f"{self.endpoint}", line_no, "body.model")
+        try:
+            self.models.require(model, self.endpoint, param="body.model")
+        except InvalidRequest as e:
+            return plan.fail("model_not_found", e.message, line_no, "body.model")
         if plan.model is None:
             plan.model = model
         elif model != plan.model:
             return plan.fail("mismatched_model", f"all requests in a batch must use one model "
-                             f"(line uses {model!r}, first line {plan.model!r})", line_no,
-                             "body.model")
+                             f"(line uses {shown(model)}, first line {shown(plan.model)})",
+                             line_no, "body.model")
         plan.total += 1
         if plan.total > self.max_requests:
             if plan.total == self.max_requests + 1:
@@ -91,23 +114,38 @@ class _Sharder:
                           "requests", line_no)
             return None
         try:
-            if self.endpoint == EMBEDDINGS:
-                parse_embeddings(body, self.max_inputs)
-            elif parse_generation(self.endpoint, body).stream:
-                raise InvalidRequest("stream is not available in a batch", param="stream")
-            single = self.single_input and self.endpoint == EMBEDDINGS
-            if single and not isinstance(body.get("input"), str):
-                raise InvalidRequest("a dataset row holds one text: the input cell must be a "
-                                     "non-empty string", param="input")
+            if problem is not None:
+                raise problem
+            text, length = self.parse(body)
         except InvalidRequest as e:
             plan.invalid += 1
-            self.invalid_lines.append(error_line(custom_id, 400, e.message, e.code or
-                                                 "invalid_request", e.param))
+            self.invalid_lines.append(outputs.invalid_request_line(
+                custom_id, e.message, e.code or "invalid_request", e.param))
             return None
-        self.rows.append((line_no, custom_id, orjson.dumps(body).decode(), text_length(body)))
+        self.rows.append((line_no, custom_id, text, length))
         if len(self.rows) >= self.shard_rows:
             self.flush()
         return None
+
+    def parse(self, body: dict[str, Any]) -> tuple[str, int]:
+        """The body as the endpoint's schema reads it, as JSON text (the schema reads
+        bytes as text, which JSON cannot hold), and its size estimate; InvalidRequest
+        if it does not fit."""
+        if self.endpoint == EMBEDDINGS:
+            req: Any = parse_embeddings(body, self.max_inputs)
+            if self.single_input and not isinstance(req.input, str):
+                raise InvalidRequest("a dataset row holds one text: the input cell must be a "
+                                     "non-empty string", param="input")
+        else:
+            req = parse_generation(self.endpoint, body)
+            if req.stream:
+                raise InvalidRequest("stream is not available in a batch", param="stream")
+        try:
+            clean: dict[str, Any] = req.model_dump(mode="json", exclude_unset=True)
+            return orjson.dumps(clean).decode(), text_length(clean)
+        except (TypeError, ValueError):  # e.g. bytes that are not UTF-8, in an extra field
+            raise InvalidRequest("the request holds a value JSON cannot hold (binary data "
+                                 "that is not UTF-8 text, say); send text") from None
 
     def flush(self) -> None:
         if not self.rows or self.plan.error_count:
@@ -131,20 +169,6 @@ class _Sharder:
         return self.plan
 
 
-def error_line(custom_id: str, status: int, message: str, code: str,
-               param: str | None = None) -> bytes:
-    """An error-file line for a request that got an HTTP error response."""
-    from jobs.models import new_id
-
-    return orjson.dumps({
-        "id": new_id("batch_req_"), "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": new_id("req_"),
-                     "body": {"error": {"message": message, "type": "invalid_request_error",
-                                        "param": param, "code": code}}},
-        "error": None,
-    }) + b"\n"
-
-
 def _lines(stream: IO[bytes], max_line: int) -> Iterator[tuple[int, bytes | None]]:
     """(line number, bytes) pairs; ``None`` for a line over ``max_line`` (skipped unread)."""
     reader = buffered(stream)
@@ -162,7 +186,16 @@ def _lines(stream: IO[bytes], max_line: int) -> Iterator[tuple[int, bytes | None
         yield n, line
 
 
+def _json_type(v: Any) -> str:
+    for t, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"),
+                    (list, "an array"), (dict, "an object")):
+        if isinstance(v, t):
+            return name
+    return f"a {type(v).__name__}"
+
+
 def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
+    first = True
     for n, raw in _lines(stream, max_line):
         if raw is None:
             s.plan.fail("line_too_long", f"line is longer than {max_line} bytes", n)
@@ -179,7 +212,17 @@ def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
         try:
             obj = orjson.loads(text)
         except orjson.JSONDecodeError as e:
-            s.plan.fail("invalid_json_line", f"line is not valid JSON: {e}", n)
+            obj = e
+        if first and not isinstance(obj, dict) and not text.lstrip().startswith("{"):
+            # Not JSONL at all (CSV, TSV, plain text): say so once, not once per line.
+            s.plan.fail("invalid_file_format", f"the input file is not JSONL: its first line "
+                        f"is not a JSON object ({text.strip()[:60]!r}). A batch input is JSONL "
+                        "(one request object per line) or Parquet; convert the file to one "
+                        "of these", n)
+            return
+        first = False
+        if isinstance(obj, orjson.JSONDecodeError):
+            s.plan.fail("invalid_json_line", f"line is not valid JSON: {obj}", n)
             continue
         if not isinstance(obj, dict):
             s.plan.fail("invalid_json_line", "line must be a JSON object", n)
@@ -189,30 +232,68 @@ def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
             continue
         if obj.get("url") != s.endpoint:
             s.plan.fail("invalid_url", f"url must be {s.endpoint} (the batch's endpoint), got "
-                        f"{obj.get('url')!r}", n, "url")
+                        f"{shown(obj.get('url'))}", n, "url")
             continue
         s.add(n, obj.get("custom_id"), obj.get("body"))
 
 
 def shard_parquet(s: _Sharder, path: Path, defaults: dict[str, Any]) -> None:
+    """One request per row: ``custom_id`` and the endpoint's input column (``input``,
+    ``prompt`` or ``messages``), merged over ``defaults`` (the batch's ``body``, which
+    names the model). ``messages`` is a list of structs (role, content) or a JSON text
+    of that list; a cell that is neither is that row's error line."""
     cols = dataset_columns(path)
-    column = next((c for c in INPUT_COLUMNS if c in cols), None)
-    if "custom_id" not in cols or column is None:
-        s.plan.fail("invalid_dataset", "a Parquet input needs a custom_id column and one of "
-                    f"{', '.join(INPUT_COLUMNS)} (columns: {', '.join(cols)})", None)
+    column = DATASET_COLUMN.get(s.endpoint, "input")
+    if "custom_id" not in cols or column not in cols:
+        s.plan.fail("invalid_dataset", _missing_columns(s.endpoint, column, cols), None)
+        return
+    if "model" not in defaults:
+        s.plan.fail("missing_model", "a Parquet input names no model: give the batch's "
+                    "body.model (--model in the CLI)", None, "body.model")
         return
     n = 0
     s.single_input = True
     for rows in iter_dataset(path):
         for row in rows:
             n += 1
-            s.add(n, row["custom_id"], {**defaults, column: row[column]})
+            value = row[column]
+            problem = None
+            if column == "messages" and isinstance(value, str | bytes):
+                value = _json_messages(value)
+                if value is None:
+                    problem = InvalidRequest(MESSAGES_HINT, param="messages",
+                                             code="invalid_messages")
+            s.add(n, row["custom_id"], {**defaults, column: value}, problem)
+
+
+def _missing_columns(endpoint: str, column: str, cols: list[str]) -> str:
+    """Which columns a dataset for ``endpoint`` needs, which it has, and which column
+    each endpoint reads (a chat dataset sent to /v1/embeddings, say)."""
+    has = ", ".join(shown(c, 40) for c in cols[:MAX_COLUMNS_SHOWN]) or "none"
+    if len(cols) > MAX_COLUMNS_SHOWN:
+        has += f" and {len(cols) - MAX_COLUMNS_SHOWN} more"
+    article = "an" if column[:1] in "aeiou" else "a"
+    each = ", ".join(f"{c} for {ep}" for ep, c in DATASET_COLUMN.items())
+    return (f"a Parquet input for {endpoint} needs a custom_id column and {article} {column} "
+            f"column; this file has: {has}. The input column depends on the endpoint: "
+            f"{each}")
+
+
+def _json_messages(text: str | bytes) -> list[Any] | None:
+    """A ``messages`` cell given as JSON text: the list it holds (None if it holds none)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, list) else None
 
 
 def validate_and_shard(store: ObjectStore, *, batch_id: str, file_key: str, file_format: str,
                        endpoint: str, defaults: dict[str, Any], shard_rows: int, max_line: int,
-                       max_inputs: int, max_requests: int) -> ShardPlan:
-    s = _Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests)
+                       max_inputs: int, max_requests: int, models: Catalog) -> ShardPlan:
+    """Validate the input file against ``models`` (the registry, read once by the
+    caller for this batch) and write its shards; returns what was found."""
+    s = _Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests, models)
     if file_format == "parquet":
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "input.parquet"
@@ -220,7 +301,8 @@ def validate_and_shard(store: ObjectStore, *, batch_id: str, file_key: str, file
             try:
                 shard_parquet(s, path, defaults)
             except (OSError, ValueError) as e:  # pyarrow's errors derive from these
-                s.plan.fail("invalid_dataset", f"the Parquet file cannot be read: {e}", None)
+                s.plan.fail("invalid_dataset", f"the Parquet file cannot be read: "
+                            f"{shown(str(e), 300)}", None)
     else:
         with store.open(file_key) as stream:
             shard_jsonl(s, stream, max_line)

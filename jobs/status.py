@@ -1,4 +1,5 @@
-"""Batch and shard lifecycles, and which transitions are allowed."""
+"""Lifecycles (batch, shard, job, idempotency key, a worker's circuit breaker, a token
+stream) as enums, and which batch transitions are allowed."""
 
 from __future__ import annotations
 
@@ -42,3 +43,52 @@ class ShardStatus(StrEnum):
 
 
 SHARD_FINISHED = (ShardStatus.DONE, ShardStatus.FAILED, ShardStatus.CANCELLED)
+
+
+class ShardOutcome(StrEnum):
+    """How one attempt at a shard ended, as the shard task reports it."""
+
+    DONE = "done"
+    DUPLICATE = "duplicate"  # another worker holds it
+    FENCED = "fenced"  # the lease was lost: another worker took over
+    CANCELLED = "cancelled"
+    HANDED_BACK = "handed_back"  # given up uncommitted or on shutdown; another worker resumes
+    RETRY = "retry"  # failed; queued again with backoff
+    FAILED = "failed"
+
+
+RESUMED_ELSEWHERE = (ShardOutcome.HANDED_BACK, ShardOutcome.RETRY)
+
+
+class JobStatus(StrEnum):
+    """An asynchronous job's lifecycle (``POST /v1/jobs``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class BreakerState(StrEnum):
+    """A worker's circuit breaker, as its heartbeat announces it."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class StreamEvent(StrEnum):
+    """The events of a realtime generation stream, in order: start, deltas, then done
+    or error (the ``t`` field of each event the worker publishes)."""
+
+    START = "start"
+    DELTA = "delta"
+    DONE = "done"
+    ERROR = "error"
+
+
+class IdempotencyState(StrEnum):
+    """An idempotency key's record: its first request still running, or answered."""
+
+    PENDING = "pending"
+    DONE = "done"

@@ -269,10 +269,7 @@ def test_cli_list_and_import_skip(settings: Any, imported: dict[str, Model]) -> 
 
     from cli.main import main
 
-    env = {"INFERQ_DATABASE_URL": settings.database_url, "INFERQ_REDIS_URL": settings.redis_url,
-           "INFERQ_OBJECT_STORE_URL": settings.object_store_url,
-           "INFERQ_DATA_DIR": str(settings.data_dir)}
-    runner = CliRunner(env=env)
+    runner = CliRunner(env=settings.to_env())
     listed = runner.invoke(main, ["models", "list"])
     assert listed.exit_code == 0, listed.output
     assert MINILM in listed.output and SMOL in listed.output

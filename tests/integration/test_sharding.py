@@ -1,4 +1,5 @@
-"""jobs/sharding.py against the real (moto S3) object store."""
+"""jobs/sharding.py against the real (moto S3) object store and the model registry:
+the models a batch may use are the ones registered (here: test models of this module)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,44 @@ import io
 import json
 import random
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import delete
 
-from jobs import requests as jobs_requests
+from jobs import catalog, registry, service
 from jobs.context import Context
+from jobs.models import Batch, File, Model, Tenant, new_id
 from jobs.sharding import ShardPlan, validate_and_shard
+from jobs.status import BatchStatus
 from storage import keys
 from storage.parquet import read_rows
 
-MODEL = "all-MiniLM-L6-v2"
+SUFFIX = secrets.token_hex(3)
+MODEL = f"test-embedder-{SUFFIX}"
+OTHER = f"other-embedder-{SUFFIX}"
+CHAT_MODEL = f"test-chat-{SUFFIX}"
 EMB = "/v1/embeddings"
+FAKE_FILES = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
+
+
+def register(ctx: Context, name: str, kind: str = "embeddings") -> None:
+    """A registry row only: validation needs no files."""
+    registry.register(ctx, name, "1", kind, "test", FAKE_FILES, 256)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def models(ctx: Context) -> Iterator[None]:
+    register(ctx, MODEL)
+    register(ctx, CHAT_MODEL, "chat")
+    yield
+    with ctx.db.session() as s:
+        s.execute(delete(Model).where(Model.name.endswith(SUFFIX)))
+    catalog.invalidate(ctx)
 
 
 def line(i: int | str, text: Any, model: str = MODEL, url: str = EMB,
@@ -44,14 +68,14 @@ def parquet_bytes(columns: dict[str, list[Any]], row_group_size: int | None = No
 
 def shard(ctx: Context, data: bytes, *, fmt: str = "jsonl", shard_rows: int = 400,
           max_line: int = 1024 * 1024, defaults: dict[str, Any] | None = None,
-          max_requests: int = 1_000_000) -> tuple[ShardPlan, str]:
+          max_requests: int = 1_000_000, endpoint: str = EMB) -> tuple[ShardPlan, str]:
     batch_id = f"batch_test_{secrets.token_hex(6)}"
     file_key = keys.file_object(f"file-test-{secrets.token_hex(6)}")
     ctx.store.put_bytes(file_key, data)
     plan = validate_and_shard(ctx.store, batch_id=batch_id, file_key=file_key,
-                              file_format=fmt, endpoint=EMB, defaults=defaults or {},
+                              file_format=fmt, endpoint=endpoint, defaults=defaults or {},
                               shard_rows=shard_rows, max_line=max_line, max_inputs=2048,
-                              max_requests=max_requests)
+                              max_requests=max_requests, models=catalog.load(ctx))
     return plan, batch_id
 
 
@@ -135,9 +159,9 @@ def test_whole_file_error_fails_with_line_and_leaves_no_shards(ctx: Context, cod
     assert ctx.store.list(keys.batch_prefix(batch_id)) == []
 
 
-def test_mismatched_model(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(jobs_requests.MODELS, "other-embedder", "embeddings")
-    rows = [line(0, "a"), line(1, "b"), line(2, "c", model="other-embedder"), line(3, "d")]
+def test_mismatched_model(ctx: Context) -> None:
+    register(ctx, OTHER)
+    rows = [line(0, "a"), line(1, "b"), line(2, "c", model=OTHER), line(3, "d")]
     plan, batch_id = shard(ctx, jsonl(rows), shard_rows=1)
     assert codes(plan) == [("mismatched_model", 3)]
     assert plan.errors[0]["param"] == "body.model"
@@ -296,6 +320,205 @@ def test_unreadable_parquet(ctx: Context) -> None:
 
 
 def test_parquet_without_model_default(ctx: Context) -> None:
+    # refused when the batch is created; a batch created before that says so once
     data = parquet_bytes({"custom_id": ["a", "b"], "input": ["x", "y"]})
     plan, _ = shard(ctx, data, fmt="parquet")
-    assert codes(plan) == [("missing_model", 1), ("missing_model", 2)]
+    assert codes(plan) == [("missing_model", None)]
+    assert "body.model" in plan.errors[0]["message"]
+    assert "--model" in plan.errors[0]["message"]
+
+
+def test_a_model_registered_now_is_accepted(ctx: Context) -> None:
+    name = f"new-embedder-{SUFFIX}"
+    plan, _ = shard(ctx, jsonl([line(0, "hello", model=name)]))
+    assert codes(plan) == [("model_not_found", 1)]
+    register(ctx, name)
+    plan, batch_id = shard(ctx, jsonl([line(0, "hello", model=name)]))
+    assert plan.errors == [] and plan.model == name and plan.shards == [1]
+    assert [r["custom_id"] for r in shard_rows_of(ctx, batch_id)[0]] == ["req-0"]
+
+
+def test_unknown_model_lists_the_available_ones(ctx: Context) -> None:
+    plan, _ = shard(ctx, jsonl([line(0, "hello", model="gpt-x")]))
+    assert codes(plan) == [("model_not_found", 1)]
+    message = plan.errors[0]["message"]
+    assert message.startswith("The model 'gpt-x' does not exist")
+    assert MODEL in message and CHAT_MODEL not in message  # embeddings models only
+    assert plan.errors[0]["param"] == "body.model"
+
+
+def test_chat_model_on_the_embeddings_endpoint(ctx: Context) -> None:
+    plan, _ = shard(ctx, jsonl([line(0, "hello", model=CHAT_MODEL)]))
+    assert codes(plan) == [("model_not_found", 1)]
+    message = plan.errors[0]["message"]
+    assert f"'{CHAT_MODEL}' is a chat model" in message and MODEL in message
+
+
+@pytest.mark.parametrize(("custom_id", "shown"), [(7, "an integer 7"), (1.5, "a number 1.5"),
+                                                  (True, "a boolean True"),
+                                                  (["a"], "an array")])
+def test_custom_id_of_another_type_is_named(ctx: Context, custom_id: Any, shown: str) -> None:
+    bad = {**line(0, "x"), "custom_id": custom_id}
+    plan, _ = shard(ctx, jsonl([bad, line(1, "y")]))
+    assert codes(plan) == [("invalid_custom_id", 1)]
+    assert f"custom_id must be a string, got {shown}" in plan.errors[0]["message"]
+
+
+def test_parquet_integer_custom_id_is_named(ctx: Context) -> None:
+    data = parquet_bytes({"custom_id": [1, 2], "input": ["x", "y"]})
+    plan, _ = shard(ctx, data, fmt="parquet", defaults={"model": MODEL})
+    assert codes(plan) == [("invalid_custom_id", 1), ("invalid_custom_id", 2)]
+    assert "got an integer 1" in plan.errors[0]["message"]
+
+
+@pytest.mark.parametrize("data", [
+    b"custom_id,input\nreq-1,hello\nreq-2,world\n",
+    b"\xef\xbb\xbfcustom_id;input\r\nreq-1;hello\r\n",
+    b"\n1,2,3\n4,5,6\n",
+])
+def test_csv_upload_fails_once_with_a_format_hint(ctx: Context, data: bytes) -> None:
+    plan, batch_id = shard(ctx, data)
+    assert [e["code"] for e in plan.errors] == ["invalid_file_format"]
+    assert plan.error_count == 1
+    assert "JSONL" in plan.errors[0]["message"] and "Parquet" in plan.errors[0]["message"]
+    assert ctx.store.list(keys.batch_prefix(batch_id)) == []
+
+
+def test_jsonl_with_a_broken_first_line_reports_every_line(ctx: Context) -> None:
+    rows: list[Any] = [b'{"custom_id": "req-x",', line(1, "fine"), b"oops"]
+    plan, _ = shard(ctx, jsonl(rows))
+    assert codes(plan) == [("invalid_json_line", 1), ("invalid_json_line", 3)]
+
+
+# Client text in whole-file errors, which are stored with the batch (JSONB) ----------------
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def test_client_text_in_errors_is_escaped_and_cut_short(ctx: Context) -> None:
+    huge = "m" * 100_000
+    rows: list[Any] = [
+        line("\x00a", "x"), line("\x00a", "dup"),          # 1, 2: duplicate, with NUL
+        {**line(huge, "x"), "custom_id": huge},
+        {**line(huge, "y"), "custom_id": huge},            # 4: a huge duplicate
+        line(5, "x", model="bad\x00name"),                 # 5
+        line(6, "x", model=huge),                          # 6
+        line(7, "x", url="/v1/\x00" + huge),                # 7
+    ]
+    plan, _ = shard(ctx, jsonl(rows))
+    assert codes(plan) == [("duplicate_custom_id", 2), ("duplicate_custom_id", 4),
+                           ("model_not_found", 5), ("model_not_found", 6), ("invalid_url", 7)]
+    for e in plan.errors:
+        assert "\x00" not in e["message"] and len(e["message"]) < 400, e["message"][:200]
+    assert "'bad\\x00name'" in plan.errors[2]["message"]
+    assert plan.errors[0]["message"] == "custom_id 'req-\\x00a' appears more than once"
+
+
+def batch_for(ctx: Context, data: bytes | None, endpoint: str = EMB, fmt: str = "jsonl",
+              defaults: dict[str, Any] | None = None) -> str:
+    """A batch in validating whose input holds ``data`` (None: its object is gone)."""
+    key = keys.file_object(new_id("file-"))
+    if data is not None:
+        ctx.store.put_bytes(key, data)
+    with ctx.db.session() as s:
+        t = Tenant(id=new_id("tnt_"), name=f"sharding-{secrets.token_hex(4)}")
+        s.add(t)
+        s.flush()
+        f = File(id=new_id("file-"), tenant_id=t.id, filename=f"in.{fmt}", purpose="batch",
+                 format=fmt, bytes=len(data or b""), object_key=key)
+        s.add(f)
+        s.flush()
+        b = Batch(id=new_id("batch_"), tenant_id=t.id, endpoint=endpoint, input_file_id=f.id,
+                  completion_window="24h", status=BatchStatus.VALIDATING,
+                  defaults=defaults or {})
+        s.add(b)
+        return b.id
+
+
+def batch_state(ctx: Context, batch_id: str) -> tuple[str, list[Any] | None]:
+    with ctx.db.session() as s:
+        b = s.get(Batch, batch_id)
+        assert b is not None
+        return b.status, b.errors
+
+
+def test_a_nul_in_a_model_name_fails_the_batch_with_the_name_escaped(ctx: Context) -> None:
+    batch_id = batch_for(ctx, jsonl([line(0, "x", model="bad\x00name")]))
+    service.validate_batch(ctx, batch_id)  # PostgreSQL stores no NUL in JSONB
+    status, errors = batch_state(ctx, batch_id)
+    assert status == BatchStatus.FAILED and errors is not None
+    assert [(e["code"], e["line"]) for e in errors] == [("model_not_found", 1)]
+    assert "'bad\\x00name'" in errors[0]["message"]
+
+
+def test_a_validation_that_cannot_succeed_fails_the_batch_once(ctx: Context) -> None:
+    batch_id = batch_for(ctx, None)  # the input file's object is gone
+    service.validate_batch(ctx, batch_id)  # returns: nothing left to retry
+    status, errors = batch_state(ctx, batch_id)
+    assert status == BatchStatus.FAILED and errors is not None
+    assert [e["code"] for e in errors] == ["validation_failed"]
+    assert "could not be validated (ObjectNotFound" in errors[0]["message"]
+    service.validate_batch(ctx, batch_id)  # a resent validation finds it ended
+    assert batch_state(ctx, batch_id) == (status, errors)
+
+
+def test_binary_parquet_columns_are_sharded_as_text(ctx: Context) -> None:
+    data = parquet_bytes({"custom_id": ["a", "b"],
+                          "prompt": pa.array([b"Hello", b"\xff not text"], pa.binary())})
+    plan, batch_id = shard(ctx, data, fmt="parquet", endpoint=COMPLETIONS,
+                           defaults={"model": CHAT_MODEL, "max_tokens": 4})
+    assert plan.errors == [] and plan.total == 2 and plan.invalid == 1
+    (rows,) = shard_rows_of(ctx, batch_id)
+    assert [json.loads(r["body"]) for r in rows] == [
+        {"model": CHAT_MODEL, "max_tokens": 4, "prompt": "Hello"}]
+    (err,) = [orjson.loads(x) for x in
+              ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines()]
+    assert (err["custom_id"], err["response"]["status_code"]) == ("b", 400)
+
+    messages = pa.array([[{"role": "user", "content": b"Hi"}]],
+                        pa.list_(pa.struct([("role", pa.string()), ("content", pa.binary())])))
+    data = parquet_bytes({"custom_id": ["c"], "messages": messages})
+    plan, batch_id = shard(ctx, data, fmt="parquet", endpoint=CHAT,
+                           defaults={"model": CHAT_MODEL})
+    assert plan.errors == [] and plan.invalid == 0
+    (rows,) = shard_rows_of(ctx, batch_id)
+    assert json.loads(rows[0]["body"]) == {"model": CHAT_MODEL,
+                                           "messages": [{"role": "user", "content": "Hi"}]}
+
+    # a field the schema lets by untouched (an extra one) that is not text either
+    messages = pa.array([[{"role": "user", "content": "Hi", "note": b"\xff"}]],
+                        pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
+                                            ("note", pa.binary())])))
+    data = parquet_bytes({"custom_id": ["d"], "messages": messages})
+    plan, batch_id = shard(ctx, data, fmt="parquet", endpoint=CHAT,
+                           defaults={"model": CHAT_MODEL})
+    assert plan.errors == [] and plan.invalid == 1 and plan.shards == []
+    (err,) = [orjson.loads(x) for x in
+              ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines()]
+    assert "not UTF-8" in err["response"]["body"]["error"]["message"]
+
+
+def test_bad_messages_cells_are_row_errors_as_text_or_structs(ctx: Context) -> None:
+    good = '[{"role": "user", "content": "hi"}]'
+    data = parquet_bytes({"custom_id": ["a", "b", "c"],
+                          "messages": [good, "hello", '[{"role": "robot", "content": "x"}]']})
+    plan, batch_id = shard(ctx, data, fmt="parquet", endpoint=CHAT,
+                           defaults={"model": CHAT_MODEL})
+    assert plan.errors == [] and plan.total == 3 and plan.invalid == 2
+    assert [r["custom_id"] for r in shard_rows_of(ctx, batch_id)[0]] == ["a"]
+    errs = {e["custom_id"]: e["response"] for e in
+            map(orjson.loads, ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines())}
+    assert sorted(errs) == ["b", "c"] and {r["status_code"] for r in errs.values()} == {400}
+    assert "JSON array" in errs["b"]["body"]["error"]["message"]
+    assert errs["b"]["body"]["error"]["param"] == "messages"
+
+
+def test_a_dataset_for_another_endpoint_names_each_endpoints_column(ctx: Context) -> None:
+    data = parquet_bytes({"custom_id": ["a"], "messages": ['[{"role": "user"}]']})
+    plan, _ = shard(ctx, data, fmt="parquet", defaults={"model": MODEL})
+    assert codes(plan) == [("invalid_dataset", None)]
+    message = plan.errors[0]["message"]
+    assert "needs a custom_id column and an input column" in message
+    assert "messages for /v1/chat/completions" in message
+    assert "input for /v1/embeddings" in message

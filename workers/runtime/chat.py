@@ -72,9 +72,12 @@ class KV:
 
 
 class ChatModel:
-    """Loaded once per worker process; only the engine thread calls prefill/decode."""
+    """Loaded once per worker process; only the engine thread calls prefill/decode.
 
-    def __init__(self, model_id: str, path: Path, fault_oom_above_tokens: int = 0) -> None:
+    ``context_length``: the window the registry records for it (the config's when None)."""
+
+    def __init__(self, model_id: str, path: Path, context_length: int | None = None,
+                 fault_oom_above_tokens: int = 0) -> None:
         self.model_id = model_id
         # Fault injection (tests): out of memory when rows x width exceeds this.
         self.fault_oom_above_tokens = fault_oom_above_tokens
@@ -83,7 +86,9 @@ class ChatModel:
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         self.model = self.model.eval().to(self.device)
         cfg = self.model.config
-        self.context_length = int(getattr(cfg, "max_position_embeddings", 2048))
+        # The registry's context length; the config's window for a directory loaded as is.
+        self.context_length = context_length or int(getattr(cfg, "max_position_embeddings",
+                                                            2048))
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         if self.tokenizer.eos_token_id is not None:

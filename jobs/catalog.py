@@ -1,0 +1,96 @@
+"""What the service serves, as request validation sees it: the default version of each
+registered model (its name and kind), read from the registry.
+
+The registry (PostgreSQL ``models``) is the only source: a model registered there is
+accepted by validation and listed by /v1/models. Validation reads a snapshot once
+per batch (``load``) or, in the API process, through a short TTL cache (``cached``)
+so a request never costs a registry query of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from jobs import registry
+from jobs.context import Context
+from jobs.errors import InvalidRequest, shown
+from jobs.requests import EMBEDDINGS
+
+TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One servable model: its public name and its kind (embeddings | chat)."""
+
+    name: str
+    kind: str
+
+
+def kind_for(endpoint: str) -> str:
+    """The model kind that serves ``endpoint``."""
+    return registry.EMBEDDINGS_KIND if endpoint == EMBEDDINGS else registry.CHAT_KIND
+
+
+class Catalog:
+    """A snapshot of the registry's default versions, looked up by name."""
+
+    def __init__(self, models: Iterable[ModelInfo]) -> None:
+        self.models = {m.name: m for m in models}
+
+    def names(self, kind: str | None = None) -> list[str]:
+        """Registered names (of one kind, if given), sorted case-insensitively."""
+        return sorted((m.name for m in self.models.values() if kind in (None, m.kind)),
+                      key=lambda n: (n.lower(), n))
+
+    def require(self, name: str, endpoint: str, param: str = "model") -> ModelInfo:
+        """The model ``name`` if it serves ``endpoint``; else an InvalidRequest whose
+        message lists the models that do (``name`` quoted and cut short: it is the
+        client's text, and the message may be stored)."""
+        kind = kind_for(endpoint)
+        m = self.models.get(name)
+        if m is not None and m.kind == kind:
+            return m
+        available = self.names(kind)
+        listed = ", ".join(available) if available else "none is registered"
+        article = "an" if m is not None and m.kind[:1] in "aeiou" else "a"
+        what = ("does not exist" if m is None
+                else f"is {article} {m.kind} model, not for {endpoint}")
+        raise InvalidRequest(f"The model {shown(name)} {what}. Models for {endpoint}: {listed}",
+                             param=param, code="model_not_found")
+
+
+def load(ctx: Context) -> Catalog:
+    """The registry's default versions now (one query)."""
+    return Catalog(ModelInfo(m.name, m.kind) for m in registry.list_models(ctx))
+
+
+_lock = threading.Lock()
+# database url -> (when read, registry.generation() when read, the snapshot)
+_cache: dict[str, tuple[float, int, Catalog]] = {}
+
+
+def cached(ctx: Context, ttl_s: float = TTL_S) -> Catalog:
+    """``load`` at most once per ``ttl_s`` per database: for per-request validation in
+    the API. A model registered by another process is seen within ``ttl_s``; one
+    registered by this process, at once."""
+    key = ctx.settings.database_url
+    generation = registry.generation()
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[1] == generation and time.monotonic() - hit[0] < ttl_s:
+        return hit[2]
+    fresh = load(ctx)
+    with _lock:
+        _cache[key] = (time.monotonic(), generation, fresh)
+    return fresh
+
+
+def invalidate(ctx: Context) -> None:
+    """Forget the cached snapshot (after the registry was changed other than by
+    ``registry.register`` in this process)."""
+    with _lock:
+        _cache.pop(ctx.settings.database_url, None)
