@@ -17,7 +17,8 @@ def context() -> Context:
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    from api import batches, errors, files, health, inference, jobs, models
+    from api import batches, errors, files, health, inference, jobs, models, openapi
+    from api.schemas import check_path_ids
 
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level)
@@ -37,9 +38,11 @@ def create_app(settings: Settings | None = None) -> Flask:
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
         g.tenant_id = service.authenticate(context(), key)
+        check_path_ids(request.view_args or {})
 
     for mod in v1:
         app.register_blueprint(mod.bp, url_prefix="/v1")
     app.register_blueprint(health.bp)
+    app.register_blueprint(openapi.bp)
 
     return app

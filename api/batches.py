@@ -10,6 +10,7 @@ from api import context
 from api.idempotency import idempotent
 from api.schemas import batch_object, json_body, page, page_params
 from jobs import service
+from jobs.repository import ShardSums
 from jobs.requests import BatchCreate, parse_model
 
 bp = Blueprint("batches", __name__)
@@ -20,7 +21,7 @@ bp = Blueprint("batches", __name__)
 def create() -> Any:
     req = parse_model(BatchCreate, json_body())
     b = service.create_batch(context(), g.tenant_id, req)
-    return batch_object(b, (0, 0, 0))
+    return batch_object(b, ShardSums())
 
 
 @bp.get("/batches/<batch_id>")

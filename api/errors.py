@@ -16,7 +16,7 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_la
 
 
 def error_body(e: InferqError) -> dict[str, Any]:
-    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+    return {"error": e.to_dict()}
 
 
 def error_response(status: int, message: str, etype: str = "invalid_request_error",

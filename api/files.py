@@ -8,7 +8,7 @@ from flask import Blueprint, Response, g, request, stream_with_context
 
 from api import context
 from api.idempotency import idempotent
-from api.schemas import file_object, page, page_params
+from api.schemas import file_object, page, page_params, query_text
 from jobs import service
 from jobs.errors import InvalidRequest
 from storage.objects import CHUNK
@@ -22,9 +22,11 @@ def create() -> Any:
     upload = request.files.get("file")
     if upload is None:
         raise InvalidRequest("a multipart field 'file' is required", param="file")
+    filename = upload.filename or "upload"
+    if "\x00" in filename:
+        raise InvalidRequest("the file name must not contain NUL", param="file")
     purpose = request.form.get("purpose", "")
-    f = service.create_file(context(), g.tenant_id, upload.filename or "upload", purpose,
-                            upload.stream)
+    f = service.create_file(context(), g.tenant_id, filename, purpose, upload.stream)
     return file_object(f)
 
 
@@ -32,7 +34,7 @@ def create() -> Any:
 def list_() -> Any:
     after, limit = page_params()
     files, more = service.list_files(context(), g.tenant_id, after, limit,
-                                     request.args.get("purpose"))
+                                     query_text("purpose"))
     return page([file_object(f) for f in files], more)
 
 

@@ -11,6 +11,7 @@ from flask import Blueprint, Response, stream_with_context
 from api import context
 from api.errors import error_body
 from api.schemas import json_body
+from jobs import catalog
 from jobs.errors import InferqError
 from jobs.realtime import RealtimeClient, TokenStream, error_from_event
 from jobs.requests import (
@@ -22,6 +23,7 @@ from jobs.requests import (
     parse_generation,
 )
 from jobs.shapes import ChunkWriter, chat_completion, text_completion
+from jobs.status import StreamEvent
 
 bp = Blueprint("inference", __name__)
 
@@ -29,7 +31,7 @@ bp = Blueprint("inference", __name__)
 @bp.post("/embeddings")
 def embeddings() -> Response:
     ctx = context()
-    req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs)
+    req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
     body = RealtimeClient(ctx.redis).call("embeddings", req.model_dump(exclude_none=True),
                                           ctx.settings.realtime_timeout_s)
     return Response(body, mimetype="application/json")
@@ -47,7 +49,7 @@ def completions() -> Any:
 
 def _generate(endpoint: str) -> Any:
     ctx = context()
-    req = parse_generation(endpoint, json_body())
+    req = parse_generation(endpoint, json_body(), catalog.cached(ctx))
     st = ctx.settings
     stream = TokenStream(ctx.redis, endpoint, req.model_dump(exclude_none=True),
                          first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s)
@@ -61,11 +63,11 @@ def _generate(endpoint: str) -> Any:
         for ev in stream.events():
             if ev is None:
                 continue
-            if ev["t"] == "delta":
+            if ev["t"] == StreamEvent.DELTA:
                 parts.append(ev["text"])
-            elif ev["t"] == "done":
+            elif ev["t"] == StreamEvent.DONE:
                 done = ev
-            elif ev["t"] == "error":
+            elif ev["t"] == StreamEvent.ERROR:
                 raise error_from_event(ev)
     finally:
         stream.close()
@@ -84,13 +86,13 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool) -> Ite
         for ev in stream.events():
             if ev is None:
                 yield b": keep-alive\n\n"
-            elif ev["t"] == "delta":
+            elif ev["t"] == StreamEvent.DELTA:
                 yield _event(w.delta(ev["text"]))
-            elif ev["t"] == "done":
+            elif ev["t"] == StreamEvent.DONE:
                 yield _event(w.finish(ev["finish_reason"]))
                 if req.include_usage():
                     yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))
-            elif ev["t"] == "error":
+            elif ev["t"] == StreamEvent.ERROR:
                 yield _event(error_body(error_from_event(ev)))
         yield b"data: [DONE]\n\n"
     except InferqError as e:

@@ -11,6 +11,7 @@ from api.idempotency import idempotent
 from api.schemas import json_body
 from jobs import asyncjobs
 from jobs.errors import InvalidRequest
+from jobs.requests import parse_model
 
 bp = Blueprint("jobs", __name__)
 
@@ -18,15 +19,12 @@ bp = Blueprint("jobs", __name__)
 @bp.post("/jobs")
 @idempotent
 def create() -> Any:
-    req = json_body()
-    endpoint, body = req.get("endpoint"), req.get("body")
-    if not isinstance(endpoint, str):
-        raise InvalidRequest("endpoint is required", param="endpoint")
-    if req.get("callback_url") is not None:
+    req: asyncjobs.JobCreate = parse_model(asyncjobs.JobCreate, json_body())
+    if req.callback_url is not None:
         raise InvalidRequest("callback_url is not supported by this deployment yet; poll "
                              "GET /v1/jobs/{id}", param="callback_url",
                              code="unsupported_parameter")
-    job = asyncjobs.create(context(), g.tenant_id, endpoint, body)
+    job = asyncjobs.create(context(), g.tenant_id, req.endpoint, req.body)
     return asyncjobs.job_object(job), 200
 
 

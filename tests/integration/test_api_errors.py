@@ -4,10 +4,13 @@ PostgreSQL, Redis and S3 behind the Flask app; no worker needed)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from jobs.context import Context
+from jobs.settings import Settings
 from tests.integration.helpers import emb_line, jsonl
 
 
@@ -105,7 +108,7 @@ def test_unknown_objects_and_routes(client) -> None:  # type: ignore[no-untyped-
     ({"model": "all-MiniLM-L6-v2", "input": ""}, "input"),
     ({"model": "all-MiniLM-L6-v2", "input": []}, "input"),
     ({"model": "all-MiniLM-L6-v2", "input": "x", "encoding_format": "hex"}, "encoding_format"),
-    ({"model": "all-MiniLM-L6-v2", "input": "x", "dimensions": 1000}, "dimensions"),
+    ({"model": "all-MiniLM-L6-v2", "input": "x", "dimensions": 0}, "dimensions"),
     ({"model": "all-MiniLM-L6-v2", "input": ["x"] * 3000}, "input"),
 ])
 def test_embeddings_bad_input(client, body: dict[str, Any], param: str) -> None:  # type: ignore[no-untyped-def]
@@ -117,13 +120,31 @@ def test_models_listed(client) -> None:  # type: ignore[no-untyped-def]
     assert {"id": "all-MiniLM-L6-v2", "object": "model"}.items() <= data[0].items()
 
 
-def test_cancel_of_finished_batch_is_409(client, ctx) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def own_client(own_settings: Settings) -> Iterator[tuple[Any, Context]]:
+    """An app and a tenant on a database and Redis DB of their own: the batch this
+    test makes must not be validated or run by a stack's workers meanwhile."""
+    from api import create_app
+    from jobs import service
+
+    ctx = Context(own_settings)
+    key = service.create_tenant(ctx, "cancel")[1]
+    c = create_app(own_settings).test_client()
+    c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    yield c, ctx
+    ctx.close()
+
+
+def test_cancel_of_finished_batch_is_409(own_client: tuple[Any, Context]) -> None:
     from jobs.models import Batch
 
+    client, ctx = own_client
     fid = upload(client, jsonl([emb_line(0, "x")])).get_json()["id"]
     bid = batch(client, input_file_id=fid).get_json()["id"]
     with ctx.db.session() as s:
-        s.get(Batch, bid).status = "failed"
+        b = s.get(Batch, bid)
+        assert b is not None and b.status == "validating"  # nobody took it meanwhile
+        b.status = "failed"
     resp = client.post(f"/v1/batches/{bid}/cancel")
     assert_error(resp, 409)
     assert resp.headers["x-should-retry"] == "false"
