@@ -14,11 +14,17 @@ import threading
 import time
 from collections.abc import Callable
 
+from jobs.status import BreakerState
+
 
 class Breaker:
+    """``clock`` returns seconds on a monotonic scale (tests pass a fake one)."""
+
     def __init__(self, threshold: int = 3, cooldown_s: float = 30.0,
-                 max_cooldown_s: float = 600.0) -> None:
+                 max_cooldown_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold, self.base, self.max = threshold, cooldown_s, max_cooldown_s
+        self.clock = clock
         self.cooldown_s = cooldown_s
         self.failures = 0
         self.opened_at: float | None = None
@@ -27,13 +33,16 @@ class Breaker:
         self.on_open: list[Callable[[float], None]] = []
 
     @property
-    def state(self) -> str:
+    def state(self) -> BreakerState:
         if self.opened_at is None:
-            return "closed"
-        return "open" if time.monotonic() - self.opened_at < self.cooldown_s else "half_open"
+            return BreakerState.CLOSED
+        if self.clock() - self.opened_at < self.cooldown_s:
+            return BreakerState.OPEN
+        return BreakerState.HALF_OPEN
 
     def allow(self) -> bool:
-        return self.state != "open"
+        """Whether to take work now; the lanes and the shard pipeline ask before each step."""
+        return self.state != BreakerState.OPEN
 
     def record(self, ok: bool) -> None:
         """Called by the engine after every forward pass."""
@@ -41,15 +50,15 @@ class Breaker:
         with self._lock:
             if ok:
                 self.failures = 0
-                if self.opened_at is not None and self.state == "half_open":
+                if self.opened_at is not None and self.state == BreakerState.HALF_OPEN:
                     self.opened_at, self.cooldown_s = None, self.base
                 return
             self.failures += 1
-            if self.state == "half_open":
+            if self.state == BreakerState.HALF_OPEN:
                 self.cooldown_s = min(self.max, self.cooldown_s * 2)
-                self.opened_at, opened = time.monotonic(), True
+                self.opened_at, opened = self.clock(), True
             elif self.opened_at is None and self.failures >= self.threshold:
-                self.opened_at, opened = time.monotonic(), True
+                self.opened_at, opened = self.clock(), True
             if opened:
                 self.opens += 1
         if opened:

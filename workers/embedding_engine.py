@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,12 +38,12 @@ class _Item:
 @dataclass
 class EngineStats:
     batches: int = 0
+    by_priority: dict[int, int] = field(default_factory=dict)  # batches per priority
     rows: int = 0
     real_tokens: int = 0
     computed_tokens: int = 0
     busy_s: float = 0.0
     oom_splits: int = 0
-    by_priority: dict[int, int] = field(default_factory=dict)
 
 
 def is_oom(e: BaseException) -> bool:
@@ -167,3 +168,19 @@ class EmbeddingEngine:
             self.on_batch(len(live), real, computed, dt)
         for it, vec in zip(live, out, strict=True):
             it.future.set_result(vec)
+
+
+def when_all_done(futures: list[Future[np.ndarray]], callback: Callable[[], object]) -> None:
+    """Call ``callback`` once, on the thread that completes the last of ``futures``."""
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[np.ndarray]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        callback()
+
+    for f in futures:
+        f.add_done_callback(one_done)

@@ -26,15 +26,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 import torch
 
 from workers.embedding_engine import is_oom, too_large
+from workers.generation_request import GenRequest
 from workers.runtime.chat import KV, ChatModel
+from workers.sampling import holdback, sample, stop_at
 
 log = logging.getLogger("inferq.generation")
 GROW_EVERY = 8  # clean steps per row the out-of-memory cap grows back
+
+
+class FinishReason(StrEnum):
+    """Why a sequence ended (the OpenAI ``finish_reason``)."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens or the context window
 
 
 class Sink(Protocol):
@@ -42,7 +52,7 @@ class Sink(Protocol):
 
     def start(self) -> None: ...
     def delta(self, text: str) -> None: ...
-    def finish(self, reason: str, usage: Usage) -> None: ...
+    def finish(self, reason: FinishReason, usage: Usage) -> None: ...
     def fail(self, error: Exception) -> None: ...
     def cancelled(self) -> bool: ...
 
@@ -52,16 +62,6 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     batch_rows: int  # the most rows of any engine step this sequence was part of
-
-
-@dataclass
-class GenRequest:
-    prompt: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -320,16 +320,16 @@ class GenerationEngine:
     def _deliver(self, s: _Seq, tok: int) -> None:
         m = self.model
         if tok in m.eos_ids:
-            return self._finish(s, "stop", drop_last=True)
+            return self._finish(s, FinishReason.STOP, drop_last=True)
         text = m.decode(s.generated)
-        cut = _stop_at(text, s.req.stop)
+        cut = stop_at(text, s.req.stop)
         if cut is not None:
             self._emit(s, text[:cut])
-            return self._finish(s, "stop")
+            return self._finish(s, FinishReason.STOP)
         if len(s.generated) >= s.req.max_new_tokens or s.pos + 1 >= m.context_length:
             self._emit(s, text)
-            return self._finish(s, "length")
-        self._emit(s, text[: len(text) - _holdback(text, s.req.stop)])
+            return self._finish(s, FinishReason.LENGTH)
+        self._emit(s, text[: len(text) - holdback(text, s.req.stop)])
         return None
 
     def _emit(self, s: _Seq, text: str) -> None:
@@ -337,7 +337,7 @@ class GenerationEngine:
             s.sink.delta(text[s.emitted:])
             s.emitted = len(text)
 
-    def _finish(self, s: _Seq, reason: str, drop_last: bool = False) -> None:
+    def _finish(self, s: _Seq, reason: FinishReason, drop_last: bool = False) -> None:
         s.done = True
         if drop_last:
             self._emit(s, self.model.decode(s.generated[:-1]))
@@ -357,44 +357,12 @@ class GenerationEngine:
         self._kv = self._kv.select(keep).trim() if keep and self._kv is not None else None
 
 
-def _stop_at(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
-
-
-def _holdback(text: str, stops: list[str]) -> int:
-    """Characters to hold back: a possible start of a stop string, or a torn UTF-8 char."""
-    n = 1 if text.endswith("\ufffd") else 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                n = max(n, k)
-                break
-    return n
-
-
-def sample(logits: torch.Tensor, reqs: list[GenRequest],
-           gens: list[torch.Generator | None]) -> list[int]:
-    """Greedy rows by argmax in one call; sampled rows with temperature and top-p."""
-    out = logits.argmax(-1).tolist()
-    for i, r in enumerate(reqs):
-        if r.temperature <= 0:
-            continue
-        probs = torch.softmax(logits[i].cpu() / r.temperature, -1)
-        if r.top_p < 1:
-            sp, si = probs.sort(descending=True)
-            keep = sp.cumsum(-1) - sp < r.top_p
-            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-        out[i] = int(torch.multinomial(probs, 1, generator=gens[i]).item())
-    return [int(x) for x in out]
-
-
 class Collect:
     """A sink that gathers the whole answer (batch shards and jobs)."""
 
     def __init__(self, on_done: Callable[[Collect], object] | None = None) -> None:
         self.parts: list[str] = []
-        self.reason = ""
+        self.reason: str = ""
         self.usage = Usage(0, 0, 0)
         self.error: Exception | None = None
         self.event = threading.Event()
@@ -407,7 +375,7 @@ class Collect:
     def delta(self, text: str) -> None:
         self.parts.append(text)
 
-    def finish(self, reason: str, usage: Usage) -> None:
+    def finish(self, reason: FinishReason, usage: Usage) -> None:
         self.reason, self.usage = reason, usage
         self._done()
 
@@ -436,31 +404,3 @@ class Collect:
         if self.error is not None:
             raise self.error
         return self
-
-
-def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenRequest:
-    """Validate a chat/completions body against the model (template, context window)."""
-    from jobs.errors import InvalidRequest
-    from jobs.requests import CHAT, ChatBody, parse_generation
-
-    req = parse_generation(endpoint, body)
-    if endpoint == CHAT:
-        assert isinstance(req, ChatBody)
-        msgs = [{"role": "system" if m.role == "developer" else m.role,
-                 "content": m.content or ""} for m in req.messages]
-        prompt = model.chat_ids(msgs)
-    else:
-        prompt = model.prompt_ids(str(req.prompt))  # type: ignore[union-attr]
-    room = model.context_length - len(prompt)
-    if room < 1:
-        raise InvalidRequest(f"the prompt is {len(prompt)} tokens; this model's context is "
-                             f"{model.context_length} tokens", param="messages"
-                             if endpoint == CHAT else "prompt", code="context_length_exceeded")
-    limit = req.token_limit()
-    if limit is not None and limit > room:
-        raise InvalidRequest(f"max_tokens is {limit}, but the prompt leaves {room} tokens of the "
-                             f"{model.context_length}-token context", param="max_tokens",
-                             code="context_length_exceeded")
-    return GenRequest(prompt=prompt, max_new_tokens=limit or room,
-                      temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                      stop=req.stops())

@@ -1,4 +1,4 @@
-"""OpenAI-shaped response bodies and batch output lines built from engine results."""
+"""OpenAI-shaped response bodies built from engine results (batch output lines: jobs.outputs)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import base64
 from typing import Any
 
 import numpy as np
-import orjson
 
-from jobs.models import new_id
 from jobs.requests import EmbeddingsBody
 
 
@@ -25,25 +23,6 @@ def embeddings_body(req: EmbeddingsBody, vectors: list[np.ndarray], tokens: int)
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def ok_line(custom_id: str, body: dict[str, Any]) -> bytes:
-    return dumps({"id": new_id("batch_req_"), "custom_id": custom_id,
-                  "response": {"status_code": 200, "request_id": new_id("req_"), "body": body},
-                  "error": None}) + b"\n"
-
-
-def http_error_line(custom_id: str, status: int, message: str, code: str,
-                    etype: str = "server_error") -> bytes:
-    return dumps({"id": new_id("batch_req_"), "custom_id": custom_id,
-                  "response": {"status_code": status, "request_id": new_id("req_"),
-                               "body": {"error": {"message": message, "type": etype,
-                                                  "param": None, "code": code}}},
-                  "error": None}) + b"\n"
-
-
 def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
     """The HTTP status and OpenAI error object for an inference that raised.
 
@@ -54,3 +33,4 @@ def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
                      "code": "request_too_large"}
     return 500, {"message": f"inference failed: {e}", "type": "server_error", "param": None,
                  "code": "server_error"}
+

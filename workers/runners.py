@@ -2,24 +2,29 @@
 
 ``submit`` queues a chunk and returns at once (so the next chunk can be queued
 while this one is written); ``collect`` waits for it and returns
-(ok lines, error lines, completed, failed, tokens).
+(ok lines, error lines, completed, failed, tokens). ``tokens`` is the usage of
+the ok lines (prompt and generated tokens apart), which the checkpoint records.
+Lines are built by ``jobs.outputs``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from jobs import shapes
-from jobs.errors import InferqError, InvalidRequest
+from jobs import outputs, shapes
+from jobs.errors import InferqError
+from jobs.outputs import Tokens
 from jobs.requests import CHAT, parse_embeddings
 from workers.embedding_engine import EmbeddingEngine
-from workers.generation import Collect, GenerationEngine, build_request
-from workers.responses import embeddings_body, failure, http_error_line, ok_line
+from workers.generation import Collect, GenerationEngine
+from workers.generation_request import build_request
+from workers.responses import embeddings_body, failure
 
-Lines = tuple[bytes, bytes, int, int, int]
+Lines = tuple[bytes, bytes, int, int, Tokens]
 
 
 class Runner(Protocol):
@@ -31,17 +36,21 @@ class Runner(Protocol):
 @dataclass
 class Chunk:
     rows: list[dict[str, Any]]
-    # (custom_id, parsed body or an error message, engine handle, input tokens)
+    # (custom_id, parsed body or the error that refused it, engine handle, input tokens)
     requests: list[tuple[str, Any, Any, int]]
 
 
-def _bad(custom_id: str, message: str) -> bytes:
-    return http_error_line(custom_id, 400, message, "invalid_request", "invalid_request_error")
+def _refused(custom_id: str, e: InferqError) -> bytes:
+    """A request refused before it ran, with the status a direct call would get (400 for
+    a body the model cannot take, 503 for a model this worker does not hold)."""
+    return outputs.error_response_line(custom_id, e.status, e.message, e.code or
+                                       "invalid_request", e.type, e.param)
 
 
 def _failed(custom_id: str, e: Exception) -> bytes:
     status, err = failure(e)
-    return http_error_line(custom_id, status, err["message"], err["code"], err["type"])
+    return outputs.error_response_line(custom_id, status, err["message"], err["code"],
+                                       err["type"])
 
 
 class EmbeddingRunner:
@@ -53,10 +62,10 @@ class EmbeddingRunner:
         for r in rows:
             try:
                 body = parse_embeddings(orjson.loads(r["body"]), self.max_inputs)
-            except InvalidRequest as e:
-                reqs.append((r["custom_id"], e.message, [], 0))
+                ids = self.tok.prepare(body)  # refuses what the model cannot serve
+            except InferqError as e:
+                reqs.append((r["custom_id"], e, [], 0))
                 continue
-            ids = self.tok.tokenize(body.inputs())
             reqs.append((r["custom_id"], body, self.engine.submit(ids, prio),
                          sum(map(len, ids))))
         return Chunk(rows, reqs)
@@ -64,17 +73,17 @@ class EmbeddingRunner:
     def collect(self, chunk: Chunk) -> Lines:
         ok, err, tokens = [], [], 0
         for custom_id, body, futures, ntok in chunk.requests:
-            if isinstance(body, str):
-                err.append(_bad(custom_id, body))
+            if isinstance(body, InferqError):
+                err.append(_refused(custom_id, body))
                 continue
             try:
                 vectors = [f.result() for f in futures]
             except Exception as e:  # noqa: BLE001 - delivered as the request's error line
                 err.append(_failed(custom_id, e))
                 continue
-            ok.append(ok_line(custom_id, embeddings_body(body, vectors, ntok)))
+            ok.append(outputs.ok_line(custom_id, embeddings_body(body, vectors, ntok)))
             tokens += ntok
-        return b"".join(ok), b"".join(err), len(ok), len(err), tokens
+        return b"".join(ok), b"".join(err), len(ok), len(err), Tokens(tokens)
 
     def cancel(self, chunk: Chunk | None) -> None:
         for _, _, futures, _ in chunk.requests if chunk else []:
@@ -83,29 +92,33 @@ class EmbeddingRunner:
 
 
 class GenerationRunner:
-    def __init__(self, generator: GenerationEngine, endpoint: str) -> None:
-        self.generator, self.endpoint = generator, endpoint
+    """``chat(model)`` returns the generation engine for ``model`` (loading it on first
+    use) or refuses a model this worker does not hold."""
+
+    def __init__(self, chat: Callable[[str], GenerationEngine], endpoint: str) -> None:
+        self.chat, self.endpoint = chat, endpoint
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:
             body = orjson.loads(r["body"])
             try:
-                greq = build_request(self.generator.model, self.endpoint, body)
+                gen = self.chat(body["model"])
+                greq = build_request(gen.model, self.endpoint, body)
             except InferqError as e:
-                reqs.append((r["custom_id"], e.message, None, 0))
+                reqs.append((r["custom_id"], e, None, 0))
                 continue
             sink = Collect()
-            self.generator.submit(greq, sink, prio)
+            gen.submit(greq, sink, prio)
             reqs.append((r["custom_id"], body, sink, 0))
         return Chunk(rows, reqs)
 
     def collect(self, chunk: Chunk) -> Lines:
-        ok, err, tokens = [], [], 0
+        ok, err, tokens = [], [], Tokens()
         build = shapes.chat_completion if self.endpoint == CHAT else shapes.text_completion
         for custom_id, body, sink, _ in chunk.requests:
-            if isinstance(body, str):
-                err.append(_bad(custom_id, body))
+            if isinstance(body, InferqError):
+                err.append(_refused(custom_id, body))
                 continue
             try:
                 c = sink.result()
@@ -113,9 +126,9 @@ class GenerationRunner:
                 err.append(_failed(custom_id, e))
                 continue
             u = c.usage
-            ok.append(ok_line(custom_id, build(body["model"], c.text, c.reason,
-                                               u.prompt_tokens, u.completion_tokens)))
-            tokens += u.prompt_tokens + u.completion_tokens
+            ok.append(outputs.ok_line(custom_id, build(body["model"], c.text, c.reason,
+                                                       u.prompt_tokens, u.completion_tokens)))
+            tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
         return b"".join(ok), b"".join(err), len(ok), len(err), tokens
 
     def cancel(self, chunk: Chunk | None) -> None:

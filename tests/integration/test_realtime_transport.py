@@ -1,6 +1,8 @@
 """The realtime transport on a real Redis, with this test playing the worker: the
 subscription is confirmed before the request is queued, gaps end the stream with an
-error rather than a torn answer, and the first-event and no-progress deadlines hold."""
+error rather than a torn answer, and the first-event and no-progress deadlines hold.
+A request goes only to workers that announce its model; for a model none announces
+it is refused at once with 503 + retry-after."""
 
 from __future__ import annotations
 
@@ -12,23 +14,24 @@ import pytest
 import redis as redis_lib
 
 from jobs import realtime
-from jobs.errors import RequestTimeout
-from jobs.realtime import StreamBroken, TokenStream, stream_channel
+from jobs.errors import ModelNotLoaded, RequestTimeout
+from jobs.realtime import RealtimeClient, StreamBroken, TokenStream, stream_channel
 
 
 @pytest.fixture
-def r(isolated_redis_url: str):  # type: ignore[no-untyped-def]
-    client = redis_lib.Redis.from_url(isolated_redis_url)
-    client.delete(realtime.QUEUE)
-    realtime.heartbeat(client, "test-worker", {"name": "test-worker", "lanes": ["realtime"]}, 60)
+def r(own_redis_url: str):  # type: ignore[no-untyped-def]
+    """A Redis DB of this test's own: no real worker takes the requests it queues."""
+    client = redis_lib.Redis.from_url(own_redis_url)
+    realtime.heartbeat(client, "test-worker", {"name": "test-worker", "lanes": ["realtime"],
+                                               "models": ["m"]}, 60)
     yield client
-    client.delete(realtime.WORKERS + "test-worker", realtime.QUEUE)
+    client.close()
 
 
 def fake_worker(r: redis_lib.Redis, events: list[dict], delay: float = 0.0) -> threading.Thread:  # type: ignore[type-arg]
     """Pops the request and publishes ``events`` numbered as given."""
     def run() -> None:
-        got = r.brpop([realtime.QUEUE], timeout=10)
+        got = r.brpop([realtime.queue_for("m")], timeout=10)
         assert got is not None
         rid = orjson.loads(got[1])["id"]
         for ev in events:
@@ -101,3 +104,35 @@ def test_closing_early_publishes_a_cancel(r) -> None:  # type: ignore[no-untyped
     msg = cancels.get_message(timeout=2)
     assert msg is not None and msg["data"].decode() == ts.id
     cancels.close()
+
+
+def test_a_model_no_live_worker_announces_is_refused_at_once(r) -> None:  # type: ignore[no-untyped-def]
+    """The test's worker announces only "m": nothing is queued for "other"."""
+    t0 = time.monotonic()
+    with pytest.raises(ModelNotLoaded) as e:
+        TokenStream(r, "/v1/chat/completions", {"model": "other"}, first_event_s=30,
+                    idle_s=30).open()
+    with pytest.raises(ModelNotLoaded):
+        RealtimeClient(r).call("/v1/embeddings", {"model": "other", "input": "x"}, 30)
+    assert time.monotonic() - t0 < 5  # refused, not timed out
+    assert (e.value.status, e.value.code) == (503, "model_not_loaded")
+    assert e.value.headers["retry-after"] == "5"
+    assert e.value.message.startswith("no worker serves model 'other' right now")
+    assert r.llen(realtime.queue_for("other")) == 0
+
+
+def test_a_request_waits_on_its_own_models_queue(r) -> None:  # type: ignore[no-untyped-def]
+    realtime.heartbeat(r, "worker-2", {"name": "worker-2", "lanes": ["realtime"],
+                                       "models": ["m", "e"]}, 60)
+    answered: list[dict] = []  # type: ignore[type-arg]
+
+    def worker() -> None:
+        _, raw = r.brpop([realtime.queue_for("e")], timeout=10)
+        msg = orjson.loads(raw)
+        answered.append(msg)
+        r.lpush(realtime.reply_key(msg["id"]), orjson.dumps({"body": {"ok": True}}))
+
+    threading.Thread(target=worker, daemon=True).start()
+    body = RealtimeClient(r).call("/v1/embeddings", {"model": "e", "input": "x"}, 10)
+    assert orjson.loads(body) == {"ok": True}
+    assert answered[0]["body"]["model"] == "e" and r.llen(realtime.queue_for("m")) == 0

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.generation import Collect, GenerationEngine, GenRequest, _holdback, _stop_at
+from workers.generation import Collect, FinishReason, GenerationEngine
+from workers.generation_request import GenRequest
 from workers.runtime.chat import ChatModel
+from workers.sampling import holdback, stop_at
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_joining_and_leaving_sequences_match_solo_generation(tiny: ChatModel) ->
     finally:
         engine.stop()
     for p, n, s in zip(prompts, lengths, sinks, strict=True):
-        assert s.usage.completion_tokens == n and s.reason == "length"
+        assert s.usage.completion_tokens == n and s.reason == FinishReason.LENGTH
         assert s.text == tiny.decode(alone(tiny, p, n))
     assert engine.stats.prefills > 1 and engine.stats.max_rows == 3
 
@@ -117,18 +119,18 @@ def test_seeded_sampling_repeats_and_stop_strings_cut(tiny: ChatModel) -> None:
         word = full.split()[3] if len(full.split()) > 3 else full.split()[-1]
         cut = run(engine, [GenRequest(prompt=tiny.prompt_ids("stops"), max_new_tokens=20,
                                       temperature=0, stop=[word])])[0]
-        assert cut.reason == "stop" and word not in cut.text
+        assert cut.reason == FinishReason.STOP and word not in cut.text
         assert full.startswith(cut.text)
     finally:
         engine.stop()
 
 
 def test_stop_helpers() -> None:
-    assert _stop_at("hello world", ["wor", "xyz"]) == 6
-    assert _stop_at("hello", ["x"]) is None
-    assert _holdback("hello wo", ["world"]) == 2  # might become "world": hold "wo"
-    assert _holdback("hello", ["world"]) == 0
-    assert _holdback("caf\ufffd", []) == 1  # a torn UTF-8 character waits for the rest
+    assert stop_at("hello world", ["wor", "xyz"]) == 6
+    assert stop_at("hello", ["x"]) is None
+    assert holdback("hello wo", ["world"]) == 2  # might become "world": hold "wo"
+    assert holdback("hello", ["world"]) == 0
+    assert holdback("caf\ufffd", []) == 1  # a torn UTF-8 character waits for the rest
 
 
 @pytest.fixture

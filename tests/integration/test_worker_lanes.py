@@ -1,0 +1,204 @@
+"""The realtime and jobs lanes of a worker, on real Redis and PostgreSQL with the packaged
+embeddings model: whatever goes wrong with one request becomes that request's own
+error answer, and the lane keeps serving. A malformed message or a chat model that
+cannot be loaded does not kill the realtime thread; a job that cannot start or whose
+outcome cannot be stored does not stay ``running``; a model the worker does not
+hold is refused, never answered by another."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis as redis_lib
+from sqlalchemy import select, update
+
+from jobs import asyncjobs, realtime, service
+from jobs.context import Context
+from jobs.errors import InferqError
+from jobs.models import Job, new_id, now
+from jobs.realtime import RealtimeClient, TokenStream
+from jobs.requests import CHAT, EMBEDDINGS
+from jobs.settings import Settings
+
+MODEL = "all-MiniLM-L6-v2"
+CHAT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def broken_chat(model: str) -> Any:
+    """The chat model holder of a worker whose model store fails (an error that is no
+    InferqError); ``tiny-chat`` fails with a message PostgreSQL cannot store."""
+    if model == "tiny-chat":
+        raise RuntimeError("weights unreadable: \x00")
+    raise RuntimeError("object store unreachable")
+
+
+@pytest.fixture(scope="module")
+def model():  # type: ignore[no-untyped-def]
+    from workers.runtime.embeddings import EmbeddingModel
+
+    return EmbeddingModel(MODEL)
+
+
+@pytest.fixture
+def engine(model) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    from workers.batching import BatchPolicy
+    from workers.embedding_engine import EmbeddingEngine
+
+    e = EmbeddingEngine(model, BatchPolicy(4096, 64))
+    yield e
+    e.stop()
+
+
+# The realtime lane ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def r(own_redis_url: str, model, engine) -> Iterator[redis_lib.Redis]:  # type: ignore[no-untyped-def,type-arg]
+    """A Redis DB of this test's own, a realtime consumer on it, and its heartbeat."""
+    from workers.realtime_lane import RealtimeConsumer
+
+    client = redis_lib.Redis.from_url(own_redis_url)
+    lane = RealtimeConsumer(client, [MODEL, CHAT_MODEL], engine, model, 100, broken_chat,
+                            allow=lambda: True)
+    lane.start()
+    realtime.heartbeat(client, "w", {"name": "w", "lanes": ["realtime"],
+                                     "models": [MODEL, CHAT_MODEL]}, 60)
+    yield client
+    lane.stop()
+    client.close()
+
+
+def call(r: redis_lib.Redis, body: dict[str, Any]) -> Any:  # type: ignore[type-arg]
+    return orjson.loads(RealtimeClient(r).call("embeddings", body, 20))
+
+
+def reply_to(r: redis_lib.Redis, msg: dict[str, Any]) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Queue a raw message on the model's list and wait for its reply."""
+    r.lpush(realtime.queue_for(MODEL), orjson.dumps(msg))
+    got = r.blpop([realtime.reply_key(msg["id"])], timeout=20)
+    assert got is not None, "no reply: the realtime thread died"
+    out: dict[str, Any] = orjson.loads(got[1])
+    return out
+
+
+def test_realtime_errors_are_answered_and_the_lane_lives_on(r) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + 30
+    r.lpush(realtime.queue_for(MODEL), b"{not json")  # nobody to answer
+    missing_kind = reply_to(r, {"id": "req_a", "deadline": deadline, "body": {}})
+    assert missing_kind["status"] == 500 and missing_kind["error"]["type"] == "server_error"
+
+    with pytest.raises(InferqError) as e:  # the chat model cannot be loaded
+        TokenStream(r, CHAT, {"model": CHAT_MODEL, "messages": [
+            {"role": "user", "content": "hi"}]}, first_event_s=20, idle_s=20).open()
+    assert e.value.status == 500
+    assert e.value.message == "inference failed: object store unreachable"
+
+    ok = call(r, {"model": MODEL, "input": "still serving", "encoding_format": "float"})
+    assert ok["model"] == MODEL and len(ok["data"][0]["embedding"]) == 384
+
+
+def test_realtime_refuses_ids_outside_the_vocabulary(r) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InferqError) as e:
+        call(r, {"model": MODEL, "input": [99999]})
+    assert (e.value.status, e.value.code) == (400, "invalid_token_id")
+    assert call(r, {"model": MODEL, "input": [7592]})["data"]  # the lane still serves
+
+
+def test_realtime_refuses_a_model_it_does_not_hold(r) -> None:  # type: ignore[no-untyped-def]
+    """Queued where this worker reads (a stale heartbeat, say), it is still refused."""
+    got = reply_to(r, {"id": "req_b", "kind": "embeddings", "deadline": time.time() + 30,
+                       "body": {"model": "bge-small", "input": "x"}})
+    assert got["status"] == 503 and got["error"]["code"] == "model_not_loaded"
+    err = realtime.error_from_event(got)
+    assert err.headers == {"retry-after": "5"}
+    assert err.message.startswith("no worker serves model 'bge-small' right now")
+
+
+# The jobs lane -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def jctx(own_settings: Settings) -> Iterator[Context]:
+    """A database and a Redis DB of its own: a running stack's workers must not take
+    these jobs."""
+    c = Context(own_settings.model_copy(update={"lease_seconds": 3}))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def tenant(jctx: Context) -> str:
+    service.register_builtin_models(jctx)
+    return service.authenticate(jctx, service.create_tenant(jctx, "lanes")[1])
+
+
+def queued(jctx: Context, tenant: str, endpoint: str, body: dict[str, Any]) -> str:
+    """A job row as the API stores it, for bodies validation would refuse (a model
+    that is not registered) as well."""
+    job_id = new_id("job_")
+    with jctx.db.session() as s:
+        s.add(Job(id=job_id, tenant_id=tenant, endpoint=endpoint, body=body, status="queued",
+                  created_at=now()))
+    jctx.redis.rpush(asyncjobs.QUEUE, job_id)
+    return job_id
+
+
+def ended(jctx: Context, ids: list[str], timeout: float = 60) -> dict[str, Job]:
+    deadline = time.monotonic() + timeout
+    while True:
+        with jctx.db.session() as s:
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(ids)))}
+        if all(j.status in ("completed", "failed") for j in jobs.values()):
+            return jobs
+        assert time.monotonic() < deadline, {j.id: j.status for j in jobs.values()}
+        time.sleep(0.1)
+
+
+def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, model, engine) -> None:  # type: ignore[no-untyped-def]
+    from workers.jobs_lane import JobsConsumer
+
+    msgs = [{"role": "user", "content": "hi"}]
+    ids = {
+        "chat": queued(jctx, tenant, CHAT, {"model": CHAT_MODEL, "messages": msgs}),
+        "unstorable": queued(jctx, tenant, CHAT, {"model": "tiny-chat", "messages": msgs}),
+        "ok": queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": "hello"}),
+        "vocab": queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": [99999]}),
+        "other": queued(jctx, tenant, EMBEDDINGS, {"model": "bge-small", "input": "hi"}),
+    }
+    lane = JobsConsumer(jctx, engine, model, broken_chat, "test-worker", allow=lambda: True)
+    lane.start()
+    try:
+        jobs = ended(jctx, list(ids.values()))
+        assert lane.in_flight() == []  # nothing left whose lease it would renew
+    finally:
+        lane.stop()
+    by = {k: jobs[v] for k, v in ids.items()}
+    assert by["ok"].status == "completed" and by["ok"].result["model"] == MODEL
+    assert by["chat"].error["message"] == "inference failed: object store unreachable"
+    assert by["unstorable"].error == {
+        "message": "the job's outcome could not be stored (DataError)", "type": "server_error",
+        "param": None, "code": "server_error"}
+    assert by["vocab"].error["code"] == "invalid_token_id"
+    assert by["other"].error["code"] == "model_not_loaded"
+    assert "no worker serves model 'bge-small'" in by["other"].error["message"]
+    with pytest.raises(RuntimeError):  # stop() shut the writer pool down
+        lane.writer.submit(print)
+
+
+def test_only_jobs_in_flight_are_renewed(jctx: Context, tenant: str) -> None:
+    a = queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": "a"})
+    b = queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": "b"})
+    asyncjobs.claim(jctx, [a, b], "w", "tok", ttl_s=0.5)
+    assert asyncjobs.renew(jctx, "tok", 60, [a]) == 1
+    assert asyncjobs.renew(jctx, "tok", 60, []) == 0
+    with jctx.db.session() as s:
+        leases = {j.id: j.lease_expires_at for j in s.scalars(
+            select(Job).where(Job.id.in_([a, b])))}
+    assert leases[a] > time.time() + 30 and leases[b] < time.time() + 1
+    with jctx.db.session() as s:  # b's lease lapses: recovery hands it on
+        s.execute(update(Job).where(Job.id == b).values(lease_expires_at=0))
+    assert b in asyncjobs.recover(jctx) and a not in asyncjobs.recover(jctx)

@@ -1,0 +1,75 @@
+"""The batch lane: shards of batch files, delivered by Celery on the batch and flex
+queues and run by the shard pipeline on this worker's engines.
+
+``run_shard`` is what the shard task does; ``ShardConsumers`` stops this worker
+taking shards while its circuit breaker is open.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from celery import Celery
+
+from jobs.context import Context
+from jobs.dispatch import lane_queues
+from jobs.models import Batch
+from jobs.status import RESUMED_ELSEWHERE, ShardOutcome
+
+if TYPE_CHECKING:  # torch stays out of processes that serve no model lane
+    from workers.worker_runtime import WorkerRuntime
+
+log = logging.getLogger("inferq.batch_lane")
+SHARD_QUEUES = ("batch", "flex")
+
+
+def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], bool]
+              ) -> ShardOutcome:
+    """Run the shard from its checkpoint, then send what follows: the batch's finalize
+    if it was the last shard, or the shard again if another worker must resume it."""
+    from workers import pipeline
+
+    ctx = rt.ctx
+    result = pipeline.process_shard(ctx, rt.runner_for, shard_id, rt.name,
+                                    stop_requested=stop_requested, healthy=rt.breaker.allow)
+    batch_id = shard_id.rsplit(".", 1)[0]
+    if result.finalize:
+        ctx.dispatcher.finalize(batch_id)
+    elif result.outcome in RESUMED_ELSEWHERE:
+        ctx.dispatcher.shards([shard_id], service_tier(ctx, batch_id),
+                              countdown=result.retry_in_s)
+    return result.outcome
+
+
+def service_tier(ctx: Context, batch_id: str) -> str:
+    with ctx.db.session() as s:
+        b = s.get(Batch, batch_id)
+        return b.service_tier if b is not None else "default"
+
+
+class ShardConsumers:
+    """This worker's Celery consumers of the shard queues it serves. ``hostname`` (the
+    Celery node name) is learnt from the first shard task."""
+
+    def __init__(self, app: Celery, lanes: set[str]) -> None:
+        self.app = app
+        self.queues = [q for q in lane_queues(lanes) if q in SHARD_QUEUES]
+        self.hostname: str | None = None
+
+    def pause(self, cooldown_s: float) -> None:
+        """The breaker opened: stop taking shards for the cooldown, then take them again."""
+        log.error("model keeps failing: taking no work for %.0f s", cooldown_s)
+        host = self.hostname
+        if not host or not self.queues:
+            return
+        for q in self.queues:
+            self.app.control.cancel_consumer(q, destination=[host])
+
+        def resume() -> None:
+            for q in self.queues:
+                self.app.control.add_consumer(q, destination=[host])
+
+        threading.Timer(cooldown_s, resume).start()

@@ -1,0 +1,31 @@
+"""The control lane's background thread: the janitor, run beside the control tasks
+(validate, finalize) in a pool child that serves the lane."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from jobs.context import Context
+from jobs.janitor import sweep
+
+log = logging.getLogger("inferq.janitor")
+
+
+class JanitorThread(threading.Thread):
+    """Runs ``jobs.janitor.sweep`` every ``every_s`` until stopped."""
+
+    def __init__(self, ctx: Context, every_s: float) -> None:
+        super().__init__(name="inferq-janitor", daemon=True)
+        self.ctx, self.every_s = ctx, every_s
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            try:
+                rep = sweep(self.ctx)
+                if rep.requeued or rep.failed or rep.expired:
+                    log.info("janitor: requeued %s, failed %s, expired %s", rep.requeued,
+                             rep.failed, rep.expired)
+            except Exception as e:  # noqa: BLE001 - the next sweep tries again
+                log.warning("janitor: %s", e)

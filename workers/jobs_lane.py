@@ -1,0 +1,182 @@
+"""The jobs lane: asynchronous jobs (``POST /v1/jobs``) taken from their Redis list in
+bursts and fed to the engines together, at a priority between realtime and batch;
+each result is written back to its job row.
+
+Leases on the rows say which worker holds a job; this consumer renews the leases of
+the jobs it has in flight and re-pushes jobs whose holder died. Every claimed job
+ends with its result or its error written, or is let go (no longer renewed) so that
+recovery runs it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, cast
+
+import numpy as np
+import orjson
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from jobs import asyncjobs, shapes
+from jobs.context import Context
+from jobs.errors import InferqError
+from jobs.models import Job
+from jobs.outputs import dumps
+from jobs.requests import CHAT, EMBEDDINGS, EmbeddingsBody, parse_embeddings
+from workers.embedding_engine import JOBS, EmbeddingEngine, when_all_done
+from workers.generation import Collect, GenerationEngine
+from workers.generation_request import build_request
+from workers.responses import embeddings_body, failure
+from workers.runtime.embeddings import EmbeddingModel
+
+log = logging.getLogger("inferq.jobs_lane")
+
+
+class JobsConsumer(threading.Thread):
+    """Started in a pool child that serves the jobs lane; ``chat(model)`` returns the
+    generation engine (loading the chat model on first use) or refuses a model this
+    worker does not hold, ``allow`` is false while the circuit breaker is open."""
+
+    burst = 64
+
+    def __init__(self, ctx: Context, engine: EmbeddingEngine, tokenizer: EmbeddingModel,
+                 chat: Callable[[str], GenerationEngine], worker: str,
+                 allow: Callable[[], bool], recover_every_s: float = 15.0) -> None:
+        super().__init__(name="inferq-jobs", daemon=True)
+        self.ctx, self.engine, self.tokenizer, self.chat = ctx, engine, tokenizer, chat
+        self.worker, self.allow, self.recover_every_s = worker, allow, recover_every_s
+        self.token = secrets.token_hex(16)
+        self.writer = ThreadPoolExecutor(2, thread_name_prefix="inferq-jobs-write")
+        self.stopping = threading.Event()
+        self._in_flight: set[str] = set()  # claimed, outcome not written yet
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Called at shutdown, after the engines stopped: take no more jobs and let the
+        writes already queued finish."""
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        self.writer.shutdown(wait=True)
+
+    def in_flight(self) -> list[str]:
+        """The ids of the jobs this consumer holds: claimed, outcome not written yet."""
+        with self._lock:
+            return sorted(self._in_flight)
+
+    def run(self) -> None:
+        last_recover = 0.0
+        ttl = self.ctx.settings.lease_seconds
+        while not self.stopping.is_set():
+            try:
+                if time.monotonic() - last_recover > min(self.recover_every_s, ttl / 3):
+                    asyncjobs.renew(self.ctx, self.token, ttl, self.in_flight())
+                    asyncjobs.recover(self.ctx)
+                    last_recover = time.monotonic()
+                if not self.allow():
+                    time.sleep(0.5)
+                    continue
+                self.take_burst()
+            except Exception as e:  # noqa: BLE001 - keep consuming; recovery re-pushes
+                log.warning("jobs lane: %s", e)
+                time.sleep(1)
+
+    def take_burst(self) -> None:
+        """Wait up to a second for a job id, take up to ``burst`` of them, claim them and
+        start each; a job that cannot start fails alone."""
+        r = self.ctx.redis  # bytes replies: the client does not decode
+        got = r.blpop([asyncjobs.QUEUE], timeout=1)
+        if got is None:
+            return
+        more = cast(list[bytes] | None, r.lpop(asyncjobs.QUEUE, self.burst - 1))
+        ids = [x.decode() for x in [cast(bytes, got[1]), *(more or [])]]
+        jobs = asyncjobs.claim(self.ctx, ids, self.worker, self.token,
+                               self.ctx.settings.lease_seconds)
+        with self._lock:
+            self._in_flight.update(j.id for j in jobs)
+        for job in jobs:
+            try:
+                self.start_job(job)
+            except Exception as e:  # noqa: BLE001 - recorded on the job; the burst goes on
+                log.exception("job %s could not start", job.id)
+                self.finish(job.id, None, failure(e)[1])
+
+    def start_job(self, job: Job) -> None:
+        if job.endpoint == EMBEDDINGS:
+            self.start_embeddings(job)
+            return
+        try:
+            gen = self.chat(job.body["model"])
+            greq = build_request(gen.model, job.endpoint, job.body)
+        except InferqError as e:
+            self.finish(job.id, None, e.to_dict())
+            return
+        sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
+        gen.submit(greq, sink, JOBS)
+
+    def start_embeddings(self, job: Job) -> None:
+        try:
+            req = parse_embeddings(job.body, 1 << 30)
+            ids = self.tokenizer.prepare(req)  # refuses what the model cannot serve
+        except InferqError as e:
+            self.finish(job.id, None, e.to_dict())
+            return
+        futures = self.engine.submit(ids, JOBS)
+        when_all_done(futures, lambda: self.writer.submit(
+            self.finish_embeddings, job, req, futures, sum(map(len, ids))))
+
+    def finish_embeddings(self, job: Job, req: EmbeddingsBody,
+                          futures: list[Future[np.ndarray]], ntok: int) -> None:
+        try:
+            body = embeddings_body(req, [f.result() for f in futures], ntok)
+            result = orjson.loads(dumps(body))
+        except Exception as e:  # noqa: BLE001 - recorded on the job
+            self.record(job.id, None, failure(e)[1])
+            return
+        self.record(job.id, result, None)
+
+    def finish_generation(self, job: Job, c: Collect) -> None:
+        if c.error is not None:
+            self.record(job.id, None, failure(c.error)[1])
+            return
+        build = shapes.chat_completion if job.endpoint == CHAT else shapes.text_completion
+        body = build(job.body["model"], c.text, c.reason, c.usage.prompt_tokens,
+                     c.usage.completion_tokens)
+        body["inferq"] = {"batch_rows": c.usage.batch_rows}
+        self.record(job.id, body, None)
+
+    def finish(self, job_id: str, result: dict[str, Any] | None,
+               error: dict[str, Any] | None) -> None:
+        """Write a job's outcome off the calling (engine or consumer) thread."""
+        self.writer.submit(self.record, job_id, result, error)
+
+    def record(self, job_id: str, result: dict[str, Any] | None,
+               error: dict[str, Any] | None) -> None:
+        """Write a job's outcome (on the writer pool), then stop renewing its lease.
+
+        An outcome the database refuses becomes the job's error; when the database
+        cannot be reached the job is let go, and recovery runs it again once its
+        lease lapses."""
+        try:
+            asyncjobs.complete(self.ctx, job_id, self.token, result, error)
+        except (OperationalError, InterfaceError) as e:
+            log.warning("job %s: outcome not written (%s); left to recovery", job_id, e)
+        except Exception as e:  # noqa: BLE001 - e.g. a value JSONB cannot hold
+            log.exception("job %s: outcome refused by the database", job_id)
+            self._record_unstorable(job_id, e)
+        finally:
+            with self._lock:
+                self._in_flight.discard(job_id)
+
+    def _record_unstorable(self, job_id: str, e: Exception) -> None:
+        err = {"message": f"the job's outcome could not be stored ({type(e).__name__})",
+               "type": "server_error", "param": None, "code": "server_error"}
+        try:
+            asyncjobs.complete(self.ctx, job_id, self.token, None, err)
+        except Exception as e2:  # noqa: BLE001 - left to recovery
+            log.warning("job %s: error not written (%s); left to recovery", job_id, e2)
