@@ -63,8 +63,8 @@ class Events:
 class Supervisor:
     """Keeps ``size`` model workers running; names are never reused."""
 
-    def __init__(self, stack: Any, size: int, env: dict[str, str]) -> None:
-        self.stack, self.size, self.env = stack, size, env
+    def __init__(self, stack: Any, size: int) -> None:
+        self.stack, self.size = stack, size
         self.n = 0
         self.live: dict[str, subprocess.Popen[bytes]] = {}
         self.spawned: dict[str, float] = {}  # name -> wall-clock start
@@ -77,7 +77,7 @@ class Supervisor:
                 name = f"w{self.n}"
                 self.n += 1
                 self.spawned[name] = time.time()
-                self.live[name] = self.stack.start_model_worker(name, "batch", **self.env)
+                self.live[name] = self.stack.start_model_worker(name, "batch")
 
     def take(self, rng: random.Random) -> subprocess.Popen[bytes]:
         with self.lock:
@@ -248,17 +248,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), lease_seconds=args.lease,
-                      chat_model="")
-        env = {"INFERQ_LEASE_SECONDS": str(args.lease), "INFERQ_CHAT_MODEL": "",
-               "INFERQ_SPOT_NOTICE_S": str(args.notice)}
+                      chat_model="", spot_notice_s=args.notice, torch_threads=1)
         path = Path(tmp) / "input.jsonl"
         write_embeddings_jsonl(path, texts(args.n, seed=0))
         ids = {f"req-{i}" for i in range(args.n)}
-        stack = Stack(st, extra_env=env, model_workers=0)
+        stack = Stack(st, model_workers=0)
         try:
             stack.start(api=True, workers=True)
             redis_server = next(b for b in stack.backends if isinstance(b, EmbeddedRedis))
-            sup = Supervisor(stack, args.workers, {"INFERQ_TORCH_THREADS": "1"})
+            sup = Supervisor(stack, args.workers)
             client = OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key,
                             max_retries=5, timeout=60)
             warm = Path(tmp) / "warm.jsonl"

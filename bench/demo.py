@@ -12,13 +12,14 @@ import socket
 import time
 
 import numpy as np
-from cli.mainent import follow
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from bench.workload import texts, write_embeddings_jsonl
+from cli.client import follow
 from cli.stack import Stack
+from cli.state import DataDirLock
 from jobs.settings import Settings
 
 N_TEXTS = 2400
@@ -40,6 +41,10 @@ def main() -> None:
 
     console = Console()
     settings = Settings.from_env()
+    lock = DataDirLock(settings.data_dir)
+    if not lock.acquire():
+        raise SystemExit(f"`inferq up` runs on {settings.data_dir}: stop it first, or run the "
+                         "demo with INFERQ_DATA_DIR set to another directory")
     stack = Stack(settings, port=free_port(settings.api_port))
     console.print(f"[bold]inferq demo[/] — starting the embedded stack in {settings.data_dir}")
     t0 = time.perf_counter()
@@ -70,6 +75,7 @@ def main() -> None:
     finally:
         console.print("stopping the stack…")
         stack.stop()
+        lock.release()
     console.print("[green]done[/]")
 
 

@@ -83,7 +83,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from jobs.settings import Settings
-    from workers.generation import GenerationEngine, GenRequest
+    from workers.generation import GenerationEngine
+    from workers.generation_request import GenRequest
     from workers.runtime.chat import ChatModel
     from workers.runtime.importers import converted_dir, smollm2_gguf
 

@@ -119,8 +119,8 @@ def main() -> None:
     from jobs.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        st = Settings(data_dir=Path(tmp), api_port=free_port())
-        with Stack(st, extra_env={"INFERQ_WORKER_HEARTBEAT_S": "1"}) as stack:
+        st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1)
+        with Stack(st) as stack:
             client = OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key,
                             max_retries=0, timeout=600)
             r = redis.Redis.from_url(stack.settings.redis_url)

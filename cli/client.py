@@ -5,7 +5,40 @@ from __future__ import annotations
 import time
 from typing import Any
 
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
+import click
+
+from cli import state
+from jobs.settings import Settings
+from jobs.status import TERMINAL
+
+
+def api_url(settings: Settings, explicit: str | None = None) -> str:
+    """The …/v1 URL: given, else the running ``inferq up`` of the data dir, else
+    INFERQ_API_HOST and INFERQ_API_PORT."""
+    if explicit:
+        return explicit.rstrip("/")
+    running = state.read(settings.data_dir)
+    if running is not None:
+        return running.api_url
+    return f"http://{local_host(settings.api_host)}:{settings.api_port}/v1"
+
+
+def local_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host``."""
+    return {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
+
+
+def connect(settings: Settings, url: str | None, key: str | None) -> Any:
+    """An openai client for the API; the key defaults to the dev key of the data dir."""
+    from openai import OpenAI
+
+    dev_key = settings.data_dir / "dev-api-key"
+    key = key or (dev_key.read_text().strip() if dev_key.exists() else None)
+    if not key:
+        raise click.ClickException(
+            f"no API key: pass --api-key (INFERQ_API_KEY), or start `inferq up`, which writes "
+            f"a dev key to {dev_key}")
+    return OpenAI(base_url=api_url(settings, url), api_key=key, max_retries=1)
 
 
 def follow(client: Any, batch_id: str, interval: float = 0.5) -> Any:

@@ -1,24 +1,89 @@
-"""The ``inferq`` command: run the service and talk to it."""
+"""The ``inferq`` command: run the service and talk to it.
+
+Every command finds the stack of its data dir (``INFERQ_DATA_DIR``) through the
+state file ``inferq up`` keeps there (``cli.state``); URLs set explicitly win.
+A failure the user can fix is one line on stderr and exit status 1 (``cli.errors``).
+"""
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from cli import batches, state
 from jobs.settings import Settings
+
+if TYPE_CHECKING:
+    from cli.stack import Stack, StopSignals
+
+
+class UsageMistake(click.ClickException):
+    exit_code = 2
+
+
+class Commands(click.Group):
+    """The command group; the one place that turns errors into one-line messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
+            raise UsageMistake(e.format_message() + where) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:
+            from cli.errors import user_message
+
+            msg = user_message(e)
+            if msg is None:
+                raise
+            raise click.ClickException(msg) from None
 
 
 def _settings() -> Settings:
     return Settings.from_env()
 
 
-@click.group()
+DATABASE, REDIS, OBJECT_STORE = "database_url", "redis_url", "object_store_url"
+
+
+def _backends(*needs: str) -> Settings:
+    """Settings with the backend URLs of this data dir's running stack filled in; a
+    one-line error when one of those the command ``needs`` is unknown."""
+    st = state.resolve(_settings())
+    missing = [f"INFERQ_{name.upper()}" for name in needs if not getattr(st, name)]
+    if missing:
+        raise click.ClickException(
+            f"no inferq stack runs on data dir {st.data_dir}: start one with `inferq up` "
+            "(or point INFERQ_DATA_DIR at the data dir of a running one), or set "
+            + " and ".join(missing))
+    return st
+
+
+def _tenant_name(name: str) -> str:
+    from sqlalchemy import String
+
+    from jobs.models import Tenant
+
+    limit = cast(String, Tenant.__table__.c.name.type).length or 0
+    if not name.strip() or len(name) > limit or not name.isprintable():
+        raise click.BadParameter(f"a tenant name is 1 to {limit} printable characters",
+                                 param_hint="TENANT")
+    return name
+
+
+def _export(st: Settings) -> None:
+    """For commands that exec another program: it reads the resolved settings."""
+    os.environ.update({k: v for k, v in st.to_env().items()
+                       if k in ("INFERQ_DATABASE_URL", "INFERQ_REDIS_URL",
+                                "INFERQ_OBJECT_STORE_URL")})
+
+
+@click.group(cls=Commands)
 def main() -> None:
     """inferq: asynchronous batch inference with an OpenAI-compatible API."""
 
@@ -27,31 +92,61 @@ def main() -> None:
 @click.option("--port", type=int, default=None, help="API port (default INFERQ_API_PORT or 8000)")
 @click.option("--workers", "model_workers", type=int, default=1, help="model worker processes")
 def up(port: int | None, model_workers: int) -> None:
-    """API + workers + embedded backends in one command; Ctrl-C stops everything."""
-    from cli.stack import Stack
+    """API + workers + embedded backends in one command; Ctrl-C stops everything.
 
-    stack = Stack(_settings(), port=port, model_workers=model_workers)
-    stopping = []
+    Refuses a port in use and a data dir another `inferq up` runs on."""
+    from cli.client import local_host
+    from cli.stack import Interrupted, Stack, StackError, StopSignals
 
-    def _stop(*_: Any) -> None:
-        stopping.append(True)
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    st = _settings()
+    port = port or st.api_port
+    lock = state.DataDirLock(st.data_dir)
+    if not lock.acquire():
+        running = state.read(st.data_dir)
+        where = f" (pid {running.pid}, API at {running.api_url})" if running else ""
+        raise click.ClickException(
+            f"inferq is already running on data dir {st.data_dir}{where}: stop it first, or "
+            "set INFERQ_DATA_DIR to another directory")
+    signals = StopSignals()
+    stack = Stack(st, port=port, model_workers=model_workers, stop_signals=signals)
     try:
-        stack.start()
-        click.echo(f"inferq is up: {stack.base_url}/v1")
+        signals.install()  # before anything starts: a stop then unwinds to `finally`
+        try:
+            stack.start()
+        except (StackError, TimeoutError) as e:
+            raise click.ClickException(f"inferq could not start: {e}") from None
+        signals.raising = False  # from here on, _supervise polls signals.received
+        url = f"http://{local_host(st.api_host)}:{port}/v1"
+        rs = stack.settings
+        state.write(st.data_dir, state.StackState(
+            pid=os.getpid(), api_url=url, database_url=rs.database_url,
+            redis_url=rs.redis_url, object_store_url=rs.object_store_url))
+        click.echo(f"inferq is up: {url}")
         click.echo(f"API key:      {stack.api_key}")
-        click.echo(f"data dir:     {stack.settings.data_dir}  (logs in {stack.log_dir})")
-        while not stopping:
-            for name, p in stack.procs.items():
-                if p.poll() is not None:
-                    click.echo(f"{name} exited ({p.returncode}); stopping", err=True)
-                    stopping.append(True)
-            time.sleep(0.5)
+        click.echo(f"data dir:     {st.data_dir}  (logs in {stack.log_dir})")
+        failed = _supervise(stack, signals)
+        if failed:
+            raise click.ClickException(f"{failed}; stopped everything")
+    except Interrupted as e:
+        click.echo(f"interrupted by {e} while starting", err=True)
+        raise click.exceptions.Exit(128 + e.signum) from None
     finally:
+        signals.raising = False  # a second signal must not interrupt the cleanup
         click.echo("stopping…")
+        state.remove(st.data_dir, os.getpid())
         stack.stop()
+        lock.release()
+
+
+def _supervise(stack: Stack, signals: StopSignals) -> str | None:
+    """Wait for Ctrl-C / SIGTERM (None) or for a child to exit (what happened)."""
+    while signals.received is None:
+        for name, p in stack.procs.items():
+            if p.poll() is not None:
+                return (f"{name} exited ({p.returncode}); see "
+                        f"{stack.log_dir / (name + '.log')}")
+        time.sleep(0.5)
+    return None
 
 
 @main.command()
@@ -61,8 +156,9 @@ def api(port: int | None, threads: int) -> None:
     """Serve the HTTP API with gunicorn."""
     from cli.stack import api_command
 
-    st = _settings()
-    cmd = api_command(st.api_host, port or st.api_port, threads)
+    st = _backends(DATABASE, REDIS, OBJECT_STORE)
+    _export(st)
+    cmd = api_command(st.api_host, port or st.api_port, threads, st.api_keepalive_s)
     os.execv(cmd[0], cmd)
 
 
@@ -76,6 +172,7 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
     """Run a Celery worker for the given lanes (one process per accelerator)."""
     from cli.stack import worker_command
 
+    _export(_backends(DATABASE, REDIS, OBJECT_STORE))
     lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
     os.environ["INFERQ_LANES"] = lanes
     if spot:  # SIGTERM: commit the chunk in flight, hand back; cold shutdown after the notice
@@ -86,14 +183,19 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
 
 @main.command()
 def migrate() -> None:
-    """Apply database migrations (alembic upgrade head)."""
+    """Apply database migrations (alembic upgrade head) and register the builtin models
+    that ship ready to serve (their files go to the object store)."""
     from jobs import service
     from jobs.context import Context
     from storage.db import migrate as run
 
-    st = _settings()
+    st = _backends(DATABASE, OBJECT_STORE)
     run(st.database_url)
-    service.register_builtin_models(Context(st))
+    ctx = Context(st)
+    try:
+        service.register_builtin_models(ctx)
+    finally:
+        ctx.close()
     click.echo("database is at the latest revision")
 
 
@@ -104,7 +206,12 @@ def create_key(tenant: str) -> None:
     from jobs import service
     from jobs.context import Context
 
-    _, key = service.create_tenant(Context(_settings()), tenant)
+    name = _tenant_name(tenant)
+    ctx = Context(_backends(DATABASE))
+    try:
+        _, key = service.create_tenant(ctx, name)
+    finally:
+        ctx.close()
     click.echo(key)
 
 
@@ -125,7 +232,7 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
     if unknown:
         raise click.UsageError(f"unknown model(s): {', '.join(unknown)} "
                                f"(builtin: {', '.join(registry.BUILTIN)})")
-    ctx = Context(_settings())
+    ctx = Context(_backends(DATABASE, OBJECT_STORE))
     try:
         for name in names or tuple(registry.BUILTIN):
             have = registry.get_default(ctx, name)
@@ -149,7 +256,7 @@ def models_list() -> None:
     from jobs import registry
     from jobs.context import Context
 
-    ctx = Context(_settings())
+    ctx = Context(_backends(DATABASE))
     try:
         rows = registry.all_versions(ctx)
     finally:
@@ -163,86 +270,9 @@ def models_list() -> None:
                    f"{m.context_length:>7} {registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
 
 
-# Client commands ----------------------------------------------------------------------
-
-
-def _client(api_url: str | None, api_key: str | None) -> Any:
-    from openai import OpenAI
-
-    st = _settings()
-    key = api_key or _read(st.data_dir / "dev-api-key")
-    if not key:
-        raise click.UsageError("no API key: pass --api-key or set INFERQ_API_KEY")
-    return OpenAI(base_url=api_url or f"http://127.0.0.1:{st.api_port}/v1", api_key=key)
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text().strip() if path.exists() else None
-
-
-client_opts = [
-    click.option("--api-url", envvar="INFERQ_API_URL", default=None, help="…/v1 base URL"),
-    click.option("--api-key", envvar="INFERQ_API_KEY", default=None),
-]
-
-
-def with_client(f: Any) -> Any:
-    for opt in reversed(client_opts):
-        f = opt(f)
-    return f
-
-
-@main.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--endpoint", default="/v1/embeddings", show_default=True)
-@click.option("--model", default=None, help="model for Parquet inputs")
-@click.option("--wait/--no-wait", default=False, help="follow progress until done")
-@with_client
-def submit(path: Path, endpoint: str, model: str | None, wait: bool, api_url: str | None,
-           api_key: str | None) -> None:
-    """Upload PATH (JSONL or Parquet) and create a batch."""
-    from cli.mainent import follow
-
-    client = _client(api_url, api_key)
-    with path.open("rb") as fh:
-        f = client.files.create(file=(path.name, fh), purpose="batch")
-    extra = {"body": {"model": model}} if model else None
-    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
-                              extra_body=extra)
-    click.echo(b.id)
-    if wait:
-        b = follow(client, b.id)
-        click.echo(f"{b.id}: {b.status} ({b.request_counts.completed} completed, "
-                   f"{b.request_counts.failed} failed)")
-        sys.exit(0 if b.status == "completed" else 1)
-
-
-@main.command()
-@click.argument("batch_id")
-@with_client
-def status(batch_id: str, api_url: str | None, api_key: str | None) -> None:
-    """Show a batch."""
-    b = _client(api_url, api_key).batches.retrieve(batch_id)
-    click.echo(b.model_dump_json(indent=2))
-
-
-@main.command()
-@click.argument("batch_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="also write the error file here")
-@with_client
-def results(batch_id: str, output: Path, errors: Path | None, api_url: str | None,
-            api_key: str | None) -> None:
-    """Download a batch's output (and error) file."""
-    client = _client(api_url, api_key)
-    b = client.batches.retrieve(batch_id)
-    if b.output_file_id is None and b.error_file_id is None:
-        raise click.ClickException(f"batch {batch_id} has no results yet (status {b.status})")
-    for file_id, dest in ((b.output_file_id, output), (b.error_file_id, errors)):
-        if file_id and dest:
-            client.files.content(file_id).write_to_file(dest)
-            click.echo(f"wrote {dest}")
+main.add_command(batches.submit)
+main.add_command(batches.status)
+main.add_command(batches.results)
 
 
 if __name__ == "__main__":

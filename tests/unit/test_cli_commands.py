@@ -1,0 +1,301 @@
+"""The CLI's checks and error paths, without a stack: commands run in-process with
+click's CliRunner, downloads against a small local HTTP server, the port check on
+real sockets, the supervisor's signal handling on real signals."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli.errors import user_message
+from cli.main import main
+from cli.stack import Interrupted, Stack, StackError, StopSignals, port_free
+from jobs.settings import Settings
+from tests.conftest import free_port
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``inferq ARGS`` in-process, as a user with nothing configured and an empty data
+    dir (no stack runs there)."""
+    import os
+
+    for k in [k for k in os.environ if k.startswith("INFERQ_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("INFERQ_DATA_DIR", str(tmp_path / "data"))
+
+    def run(*args: str, **env: str) -> Result:
+        return CliRunner().invoke(main, list(args), env=env)
+
+    return run
+
+
+def one_line(r: Result, *words: str, code: int = 1) -> str:
+    assert r.exit_code == code, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+# the port check ------------------------------------------------------------------
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free() -> None:
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    assert not port_free("127.0.0.1", port)  # a listener: taken
+    conn.close()  # the server closes first: its end of the connection stays in TIME_WAIT
+    client.close()
+    srv.close()
+    assert port_free("127.0.0.1", port)  # gunicorn (SO_REUSEADDR) can listen there now
+
+
+def test_a_stack_on_a_taken_port_starts_nothing(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        st = Settings(data_dir=tmp_path, api_host="127.0.0.1")
+        with pytest.raises(StackError, match=f"port {port} .* in use: pick another with --port"):
+            Stack(st, port=port).start()
+    assert not (tmp_path / "pg").exists() and not (tmp_path / "redis").exists()
+
+
+# which backends each command needs -------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "named", "not_named"), [
+    (["create-key", "team"], ["INFERQ_DATABASE_URL"],
+     ["INFERQ_REDIS_URL", "INFERQ_OBJECT_STORE_URL"]),
+    (["models", "list"], ["INFERQ_DATABASE_URL"],
+     ["INFERQ_REDIS_URL", "INFERQ_OBJECT_STORE_URL"]),
+    (["migrate"], ["INFERQ_DATABASE_URL", "INFERQ_OBJECT_STORE_URL"], ["INFERQ_REDIS_URL"]),
+])
+def test_a_command_asks_only_for_the_backends_it_uses(run, args: list[str], named: list[str],  # type: ignore[no-untyped-def]
+                                                      not_named: list[str]) -> None:
+    err = one_line(run(*args), "no inferq stack runs on data dir", "inferq up", *named)
+    assert not [x for x in not_named if x in err], err
+
+
+@pytest.mark.parametrize("args", [["create-key", "team"], ["models", "list"]])
+def test_a_database_url_is_enough_for_database_commands(run, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    nobody = f"postgresql+psycopg://inferq@127.0.0.1:{free_port()}/inferq"
+    # past the check: the command goes to that database (where nothing listens)
+    one_line(run(*args, INFERQ_DATABASE_URL=nobody), "cannot reach the database")
+
+
+# create-key's tenant name ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["x" * 201, "a\x00b", "", "   ", "tab\there", "\udcff"])
+def test_a_bad_tenant_name_is_a_usage_error(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    one_line(run("create-key", name), "TENANT", "1 to 200 printable characters", code=2)
+
+
+def test_a_tenant_name_of_200_characters_is_accepted(run) -> None:  # type: ignore[no-untyped-def]
+    one_line(run("create-key", "é" * 200), "no inferq stack")  # past the name check
+
+
+# submit's arguments -------------------------------------------------------------------
+
+
+@pytest.fixture
+def jsonl(tmp_path: Path) -> Path:
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                                "body": {"model": MODEL, "input": "x"}}) + "\n")
+    return path
+
+
+def test_model_on_a_jsonl_input_is_refused(run, jsonl: Path) -> None:  # type: ignore[no-untyped-def]
+    one_line(run("submit", str(jsonl), "--model", MODEL), "--model", "Parquet inputs only",
+             code=2)
+
+
+def test_parquet_detection_comes_from_storage(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cli.batches import is_parquet_file
+
+    pq.write_table(pa.table({"custom_id": ["a"], "input": ["x"]}), tmp_path / "in.data")
+    (tmp_path / "in.jsonl").write_text("PAR")
+    assert is_parquet_file(tmp_path / "in.data")
+    assert not is_parquet_file(tmp_path / "in.jsonl")
+
+
+def test_an_idempotency_key_too_long_for_the_upload_is_refused(run, jsonl: Path) -> None:  # type: ignore[no-untyped-def]
+    from jobs.idempotency import MAX_KEY
+
+    longest = MAX_KEY - len(":file")
+    one_line(run("submit", str(jsonl), "--idempotency-key", "k" * (longest + 1)),
+             "--idempotency-key", f"1 to {longest}", code=2)
+    one_line(run("submit", str(jsonl), "--idempotency-key", "clé"), "ASCII", code=2)
+    # the longest key passes the check; the command then looks for an API key
+    one_line(run("submit", str(jsonl), "--idempotency-key", "k" * longest), "no API key")
+
+
+# results: files written whole or not at all --------------------------------------------
+
+PARQUET_BYTES = b"PAR1" + b"\0" * 100 + b"PAR1"
+JSONL_BYTES = b'{"custom_id": "a"}\n' * 2000
+
+
+class FakeApi(BaseHTTPRequestHandler):
+    """The two routes ``inferq results`` reads. ``file-cut`` stops halfway."""
+
+    batch = {"id": "batch_1", "object": "batch", "endpoint": "/v1/embeddings",
+             "input_file_id": "file-in", "completion_window": "24h", "status": "completed",
+             "created_at": 1, "output_file_id": "file-out", "error_file_id": "file-err",
+             "request_counts": {"total": 2, "completed": 1, "failed": 1}}
+    files = {"file-out": JSONL_BYTES, "file-err": JSONL_BYTES, "file-pq": PARQUET_BYTES}
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        if self.path.startswith("/v1/batches/"):
+            body = json.dumps(self.batch).encode()
+            self._send(body, len(body))
+        elif self.path == "/v1/files/file-cut/content":
+            self._send(JSONL_BYTES[:1000], len(JSONL_BYTES))  # then the connection closes
+            self.close_connection = True
+        else:
+            body = self.files[self.path.split("/")[3]]
+            self._send(body, len(body))
+
+    def _send(self, body: bytes, length: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def _client(api: str):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=api, api_key="k", max_retries=0)
+
+
+def test_results_into_a_missing_directory_write_nothing(run, api: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, errors = tmp_path / "out.jsonl", tmp_path / "missing" / "errors.jsonl"
+    err = one_line(run("results", "batch_1", "-o", str(out), "--errors", str(errors),
+                       "--api-url", api, "--api-key", "k"))
+    assert err == f"Error: {errors}: No such file or directory"
+    assert not [p for p in tmp_path.iterdir() if p.name != "data"]  # no partial file
+
+    under_a_file = tmp_path / "in.txt"
+    under_a_file.write_text("x")
+    one_line(run("results", "batch_1", "-o", str(under_a_file / "out.jsonl"),
+                 "--api-url", api, "--api-key", "k"), str(under_a_file / "out.jsonl"),
+             "Not a directory")
+
+
+def test_results_are_written_whole(run, api: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    r = run("results", "batch_1", "-o", str(out), "--errors", str(errors), "--api-url", api,
+            "--api-key", "k")
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == JSONL_BYTES and errors.read_bytes() == JSONL_BYTES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "out.jsonl"]
+
+
+def test_a_download_cut_short_leaves_no_file(api: str, tmp_path: Path) -> None:
+    import click
+
+    from cli.batches import download_all
+
+    client = _client(api)
+    with pytest.raises(click.ClickException, match="download of file-cut broke off"):
+        download_all(client, [("file-out", tmp_path / "a.jsonl"),
+                              ("file-cut", tmp_path / "b.jsonl")])
+    assert list(tmp_path.iterdir()) == []
+    assert download_all(client, [("file-pq", tmp_path / "c.jsonl")]) == [tmp_path / "c.parquet"]
+    assert (tmp_path / "c.parquet").read_bytes() == PARQUET_BYTES
+
+
+# errors from this machine -------------------------------------------------------------
+
+
+def test_local_errors_are_one_line() -> None:
+    e = subprocess.TimeoutExpired([sys.executable, "-m", "cli.main", "models", "import"], 900)
+    msg = user_message(e)
+    assert msg is not None and "did not finish in 900 s" in msg and "\n" not in msg
+    denied = PermissionError(errno.EACCES, "Permission denied", "/root/out.jsonl")
+    assert user_message(denied) == "/root/out.jsonl: Permission denied"
+    assert user_message(OSError(errno.EIO, "I/O error")) is None  # no file named: a bug
+
+
+def test_a_model_import_that_runs_too_long_is_a_stack_error(tmp_path: Path) -> None:
+    stack = Stack(Settings(data_dir=tmp_path), log_dir=tmp_path / "logs")
+    with pytest.raises(StackError, match=r"did not finish in 0\.01 s; see .*models-import\.log"):
+        stack.run_import([MODEL], timeout=0.01)
+
+
+# inferq up's signals ------------------------------------------------------------------
+
+
+@pytest.fixture
+def signals() -> Iterator[StopSignals]:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    s = StopSignals()
+    s.install()
+    yield s
+    signal.signal(signal.SIGTERM, before[0])
+    signal.signal(signal.SIGINT, before[1])
+
+
+def test_a_signal_while_starting_interrupts_the_start(signals: StopSignals) -> None:
+    with pytest.raises(Interrupted) as caught:
+        signal.raise_signal(signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between two bytecodes of this thread
+            pass
+    assert caught.value.signum == signal.SIGTERM and signals.received == signal.SIGTERM
+    signal.raise_signal(signal.SIGINT)  # a second signal, e.g. during the cleanup: recorded
+    assert signals.received == signal.SIGTERM
+
+
+def test_a_process_being_started_is_started_whole(signals: StopSignals) -> None:
+    started = []
+    with pytest.raises(Interrupted), signals.held():
+        signal.raise_signal(signal.SIGINT)
+        started.append("redis")  # e.g. a backend recorded for Stack.stop
+    assert started == ["redis"] and signals.received == signal.SIGINT
+
+
+def test_once_up_a_signal_is_only_recorded(signals: StopSignals) -> None:
+    signals.raising = False
+    signal.raise_signal(signal.SIGTERM)
+    assert signals.received == signal.SIGTERM
