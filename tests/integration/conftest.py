@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from jobs.context import Context
-from tests.conftest import AWS_ENV, free_port, fresh_database
+from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 
 CHUNK = 40
 
@@ -22,20 +22,25 @@ def fdatabase_url(pg_admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def fstack(settings, fdatabase_url, isolated_redis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
+def fredis_url(redis_dbs: RedisDatabases) -> Iterator[str]:
+    with redis_dbs.lend() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def fstack(settings, fdatabase_url, fredis_url, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
     """API + control worker on a database and Redis DB of their own (another stack's
     janitor must not hand these shards to its workers); model workers started per test."""
     from cli.stack import Stack
 
     st = settings.model_copy(update={"database_url": fdatabase_url,
-                                     "redis_url": isolated_redis_url, "chunk_rows": CHUNK,
+                                     "redis_url": fredis_url, "chunk_rows": CHUNK,
                                      "shard_rows": 400, "lease_seconds": 3.0,
-                                     "janitor_interval_s": 1.0})
-    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
-           "INFERQ_SHARD_ROWS": "400", "INFERQ_LEASE_SECONDS": "3",
-           "INFERQ_JANITOR_INTERVAL_S": "1", "INFERQ_STRANDED_SHARD_S": "5",
-           "INFERQ_CHAT_MODEL": "",
-           "INFERQ_SPOT_NOTICE_S": "20"}
+                                     "janitor_interval_s": 1.0, "stranded_shard_s": 5.0,
+                                     "spot_notice_s": 20.0})
+    # The stack registers the chat model, but its workers serve one only when a test
+    # starts them with INFERQ_CHAT_MODEL.
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHAT_MODEL": ""}
     stack = Stack(st, port=free_port(), extra_env=env, log_dir=tmp_path_factory.mktemp("flogs"),
                   model_workers=0)
     stack.start(api=True, workers=True)

@@ -17,7 +17,7 @@ from storage.embedded import EmbeddedPostgres
 
 
 @pytest.mark.slow
-def test_postgres_restart_is_503_then_recovers(tmp_path: Path, redis_url: str) -> None:
+def test_postgres_restart_is_503_then_recovers(tmp_path: Path, own_redis_url: str) -> None:
     """A private PostgreSQL (never the machine's) is stopped and started again."""
     from api import create_app
     from jobs import service
@@ -26,7 +26,7 @@ def test_postgres_restart_is_503_then_recovers(tmp_path: Path, redis_url: str) -
 
     pg = EmbeddedPostgres(tmp_path / "pg")
     try:
-        st = Settings(database_url=pg.url, redis_url=redis_url,
+        st = Settings(database_url=pg.url, redis_url=own_redis_url,
                       object_store_url=f"file://{tmp_path / 'objects'}", data_dir=tmp_path)
         migrate(st.database_url)
         ctx = Context(st)

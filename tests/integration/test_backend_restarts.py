@@ -77,11 +77,9 @@ def rstack(settings, broker, database, s3_endpoint, tmp_path_factory):  # type: 
     st = settings.model_copy(update={"redis_url": broker.url, "database_url": database.url,
                                      "chunk_rows": CHUNK, "shard_rows": 400,
                                      "lease_seconds": 3.0, "janitor_interval_s": 1.0,
-                                     "chat_model": "", "data_dir": tmp_path_factory.mktemp("d")})
-    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint, "INFERQ_CHUNK_ROWS": str(CHUNK),
-           "INFERQ_SHARD_ROWS": "400", "INFERQ_LEASE_SECONDS": "3",
-           "INFERQ_JANITOR_INTERVAL_S": "1", "INFERQ_STRANDED_SHARD_S": "5",
-           "INFERQ_CHAT_MODEL": ""}
+                                     "stranded_shard_s": 5.0, "chat_model": "",
+                                     "data_dir": tmp_path_factory.mktemp("d")})
+    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
     stack = Stack(st, port=free_port(), extra_env=env,
                   log_dir=tmp_path_factory.mktemp("rlogs"), model_workers=0)
     stack.start(api=True, workers=True)

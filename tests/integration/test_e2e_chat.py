@@ -172,31 +172,44 @@ def test_two_hundred_jobs_share_batches(stack, tenant_key) -> None:  # type: ign
 
 
 def test_client_going_away_cancels_generation(stack, ctx) -> None:  # type: ignore[no-untyped-def]
-    """Generation for a disconnected stream stops within a step: watch its channel."""
+    """Generation for a disconnected stream stops within a step. The proof is a second
+    stream run to its end after the first one's cancel: the engine decodes every running
+    sequence at each step, so a first stream still generating would publish between
+    the second one's deltas. One subscriber sees both channels in publish order."""
     from jobs.realtime import TokenStream, stream_channel
 
-    ts = TokenStream(ctx.redis, "/v1/chat/completions",
-                     {"model": MODEL, "max_tokens": 2000, "temperature": 0.8, "seed": 1,
-                      "messages": [{"role": "user", "content": "Tell a very long story."}]},
-                     first_event_s=60, idle_s=60)
+    def story(max_tokens: int, temperature: float) -> TokenStream:
+        return TokenStream(ctx.redis, "/v1/chat/completions",
+                           {"model": MODEL, "max_tokens": max_tokens,
+                            "temperature": temperature, "seed": 1,
+                            "messages": [{"role": "user", "content": "Tell a very long story."}]},
+                           first_event_s=60, idle_s=60)
+
+    gone, after = story(2000, 0.8), story(24, 0)
     watcher = ctx.redis.pubsub()
-    watcher.subscribe(stream_channel(ts.id))
-    ts.open()
+    watcher.subscribe(stream_channel(gone.id), stream_channel(after.id))
+    gone.open()
     got = 0
-    for ev in ts.events():
+    for ev in gone.events():
         if ev is not None and ev["t"] == "delta":
             got += 1
             if got == 3:
                 break
-    ts.close(cancel=True)
-    time.sleep(1.5)
-    seen: list[dict[str, Any]] = []
-    while (m := watcher.get_message(timeout=0.5)) is not None:
-        if m["type"] == "message":
-            seen.append(json.loads(m["data"]))
-    time.sleep(2)
-    later = [m for m in iter(lambda: watcher.get_message(timeout=0.2), None)
-             if m["type"] == "message"]
-    assert not later, f"{len(later)} events after cancellation settled"
-    assert not any(e["t"] == "done" for e in seen)
+    gone.close(cancel=True)
+    after.open()
+    assert [ev for ev in after.events() if ev is not None][-1]["t"] == "done"
+    after.close()
+    seen: list[tuple[str, dict[str, Any]]] = []
+    deadline = time.monotonic() + 30
+    while not any(who == "after" and ev["t"] == "done" for who, ev in seen):
+        assert time.monotonic() < deadline, "the watcher missed the second stream's end"
+        m = watcher.get_message(timeout=1)
+        if m is not None and m["type"] == "message":
+            who = "gone" if m["channel"].decode() == stream_channel(gone.id) else "after"
+            seen.append((who, json.loads(m["data"])))
     watcher.close()
+    steps = [i for i, (who, ev) in enumerate(seen) if who == "after" and ev["t"] == "delta"]
+    assert len(steps) >= 8, "the second stream was too short to prove anything"
+    late = [ev for who, ev in seen[steps[2]:] if who == "gone"]
+    assert not late, f"{len(late)} events of the cancelled stream while another ran"
+    assert not any(who == "gone" and ev["t"] == "done" for who, ev in seen)

@@ -6,8 +6,10 @@ recomputed rows stayed within one chunk per interruption."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -132,6 +134,34 @@ def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -
     assert recomputed(fctx, b.id, 800) == 0  # the chunk in flight was committed
 
 
+def redeliver(fctx, shard_id: str) -> str:  # type: ignore[no-untyped-def]
+    """Sends the shard's task once more, as a broker redelivery would; returns the
+    message's task id."""
+    from jobs.dispatch import TASK_SHARD
+
+    task_id = f"redelivery-{uuid.uuid4()}"
+    fctx.dispatcher.app.send_task(TASK_SHARD, args=[shard_id], queue="batch", task_id=task_id)
+    return task_id
+
+
+def task_outcome(fstack, task_id: str, timeout: float = 60) -> str:  # type: ignore[no-untyped-def]
+    """What a worker's shard task returned for the message ``task_id`` (the pipeline's
+    outcome), read from the line Celery logs when the task returns."""
+    found: list[str] = []
+
+    def returned() -> bool:
+        for log in fstack.log_dir.glob("worker-*.log"):
+            m = re.search(rf"\[{re.escape(task_id)}\] succeeded in [0-9.e-]+s: '(\w+)'",
+                          log.read_text(errors="replace"))
+            if m:
+                found.append(m.group(1))
+                return True
+        return False
+
+    wait_for(returned, timeout=timeout, what=f"task {task_id} to return")
+    return found[0]
+
+
 def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """What a visibility timeout shorter than a shard causes: a second delivery of a
     running (or finished) shard's message finds the lease taken and does nothing."""
@@ -143,14 +173,14 @@ def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # 
     wait_for(lambda: any(s.status == "running" for s in shards(fctx, b.id)),
              what="the shard running")
     sid = shards(fctx, b.id)[0].id
-    for _ in range(3):
-        fctx.dispatcher.shards([sid], "default")  # redelivered while it runs
+    while_running = [redeliver(fctx, sid) for _ in range(3)]
     b = wait(fsdk, b.id, timeout=300)
     assert b.status == "completed"
     exactly_once(fsdk, b, rows)
     assert shards(fctx, b.id)[0].attempt == 1
-    fctx.dispatcher.shards([sid], "default")  # and once more after it finished
-    time.sleep(2)
+    after_done = redeliver(fctx, sid)  # and once more after it finished
+    # Each copy was taken and returned without claiming the shard.
+    assert [task_outcome(fstack, t) for t in [*while_running, after_done]] == ["duplicate"] * 4
     assert shards(fctx, b.id)[0].attempt == 1 and recomputed(fctx, b.id, 400) == 0
 
 
@@ -218,7 +248,7 @@ def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, fctx) 
 
 def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     rows = batch_rows(200)
-    rows.append(emb_line("huge", "a very long sentence about everything " * 60))
+    rows.append(emb_line("huge", "a very long sentence about everything " * 40))  # 242 tokens
     workers("oom", INFERQ_FAULT_OOM_ABOVE_TOKENS="200")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")

@@ -4,28 +4,33 @@ with another token runs them once more (attempt 2); the dead holder is fenced of
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import update
 
-from jobs import asyncjobs
+from jobs import asyncjobs, service
 from jobs.context import Context
 from jobs.models import Job
+from jobs.settings import Settings
 
 
 @pytest.fixture
-def jctx(settings, isolated_redis_url):  # type: ignore[no-untyped-def]
-    """Its own Redis DB: the session's workers (if running) must not take these jobs."""
-    c = Context(settings.model_copy(update={"redis_url": isolated_redis_url}))
+def jctx(own_settings: Settings) -> Iterator[Context]:
+    """A database and a Redis DB of its own: a running stack's workers and janitor
+    must neither take these jobs from the queue nor recover them from the table."""
+    c = Context(own_settings)
     yield c
     c.close()
 
 
-def test_a_job_left_by_a_dead_worker_runs_again(jctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
-    from jobs import service
+@pytest.fixture
+def tenant(jctx: Context) -> str:
+    service.register_builtin_models(jctx)
+    return service.authenticate(jctx, service.create_tenant(jctx, "jobs")[1])
 
-    tenant = service.authenticate(jctx, tenant_key)
-    jctx.redis.delete(asyncjobs.QUEUE)
+
+def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> None:
     job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "hello"})
     with jctx.db.session() as s:
@@ -34,7 +39,8 @@ def test_a_job_left_by_a_dead_worker_runs_again(jctx, tenant_key) -> None:  # ty
     first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=0.5)
     assert [j.id for j in first] == [job.id] and first[0].attempt == 1
     assert asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30) == []  # leased
-    time.sleep(0.6)  # worker A died; its lease runs out
+    with jctx.db.session() as s:  # worker A died; its lease runs out
+        s.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=0))
     assert job.id in asyncjobs.recover(jctx)
     assert jctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
     again = asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30)
@@ -43,17 +49,12 @@ def test_a_job_left_by_a_dead_worker_runs_again(jctx, tenant_key) -> None:  # ty
     assert asyncjobs.complete(jctx, job.id, "token-b", {"ok": True}, None)
     done = asyncjobs.get(jctx, tenant, job.id)
     assert (done.status, done.result) == ("completed", {"ok": True})
-    jctx.redis.delete(asyncjobs.QUEUE)
 
 
-def test_a_lost_push_is_recovered_when_the_queue_is_empty(jctx, tenant_key) -> None:  # type: ignore[no-untyped-def]
-    from jobs import service
-
-    tenant = service.authenticate(jctx, tenant_key)
-    jctx.redis.delete(asyncjobs.QUEUE)
+def test_a_lost_push_is_recovered_when_the_queue_is_empty(jctx: Context,
+                                                          tenant: str) -> None:
     job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "lost"})
     jctx.redis.delete(asyncjobs.QUEUE)  # e.g. Redis lost the list
     assert job.id not in asyncjobs.recover(jctx, stale_queued_s=60)  # not old yet
     assert job.id in asyncjobs.recover(jctx, stale_queued_s=-1)
-    jctx.redis.delete(asyncjobs.QUEUE)
