@@ -38,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from jobs.context import Context
 from jobs.models import Model, now
 from storage import keys
+from storage.objects import ObjectNotFound
 
 EMBEDDINGS_KIND, CHAT_KIND = "embeddings", "chat"
 KINDS = (EMBEDDINGS_KIND, CHAT_KIND)
@@ -211,26 +212,43 @@ def manifest(src: Path) -> list[dict[str, Any]]:
 
 
 def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
-                context_length: int, owned_by: str = "inferq") -> Model:
+                context_length: int, owned_by: str = "inferq", reupload: bool = False
+                ) -> Model:
     """Upload a model directory into the repository, then register it.
 
-    Re-publishing a version overwrites its files and removes objects under its
-    prefix that the new manifest no longer lists.
+    The files go first and their manifest last (``keys.model_manifest``). A store
+    that already holds this version with the same manifest is complete, so its
+    files are not uploaded again unless ``reupload``: registering a model in a
+    second database on the same store costs no transfer. Re-publishing other
+    content overwrites the files and removes objects under the prefix that the new
+    manifest no longer lists.
     """
     _check_segment("name", name, 200)
     _check_segment("version", version, 64)
     files = manifest(src)
     prefix = keys.model_prefix(name, version)
-    for f in files:
-        with (src / f["path"]).open("rb") as fh:
-            n = ctx.store.put_stream(keys.model_file(name, version, f["path"]), fh)
-        if n != f["bytes"]:
-            raise OSError(f"uploaded {n} of {f['bytes']} bytes of {f['path']}")
-    listed = {prefix + f["path"] for f in files}
-    for key in ctx.store.list(prefix):
-        if key not in listed:
-            ctx.store.delete(key)
+    record = keys.model_manifest(name, version)
+    listing = json.dumps(files, sort_keys=True).encode()
+    if reupload or _stored_manifest(ctx, record) != listing:
+        ctx.store.delete(record)  # the files change below: the store is incomplete
+        for f in files:
+            with (src / f["path"]).open("rb") as fh:
+                n = ctx.store.put_stream(keys.model_file(name, version, f["path"]), fh)
+            if n != f["bytes"]:
+                raise OSError(f"uploaded {n} of {f['bytes']} bytes of {f['path']}")
+        listed = {prefix + f["path"] for f in files}
+        for key in ctx.store.list(prefix):
+            if key not in listed:
+                ctx.store.delete(key)
+        ctx.store.put_bytes(record, listing)
     return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix)
+
+
+def _stored_manifest(ctx: Context, record: str) -> bytes | None:
+    try:
+        return ctx.store.get_bytes(record)
+    except ObjectNotFound:
+        return None
 
 
 def read_context_length(src: Path) -> int:
@@ -242,7 +260,8 @@ def read_context_length(src: Path) -> int:
     return int(json.loads((src / "config.json").read_text())["max_position_embeddings"])
 
 
-def publish_packaged(ctx: Context, name: str, force: bool = False) -> Model | None:
+def publish_packaged(ctx: Context, name: str, force: bool = False,
+                     reupload: bool = False) -> Model | None:
     """Publish a builtin whose files ship ready to serve in an installed package.
 
     Returns the model; None when ``name`` has no such package or the package is
@@ -259,7 +278,7 @@ def publish_packaged(ctx: Context, name: str, force: bool = False) -> Model | No
     except ImportError:
         return None
     return publish_dir(ctx, b.name, b.version, b.kind, b.source, src,
-                       read_context_length(src), b.owned_by)
+                       read_context_length(src), b.owned_by, reupload)
 
 
 def missing_builtins(ctx: Context) -> list[str]:

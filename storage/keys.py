@@ -44,3 +44,9 @@ def model_prefix(name: str, version: str) -> str:
 def model_file(name: str, version: str, path: str) -> str:
     """``path`` is relative to the model directory (posix separators)."""
     return model_prefix(name, version) + path
+
+
+def model_manifest(name: str, version: str) -> str:
+    """The manifest of a version's files, written after them (model files never start
+    with a dot): a store that has it holds every file it lists."""
+    return model_prefix(name, version) + ".manifest.json"

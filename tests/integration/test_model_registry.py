@@ -69,7 +69,9 @@ def test_both_builtins_registered(ctx: Context, imported: dict[str, Model]) -> N
 def test_manifest_matches_the_store(ctx: Context, imported: dict[str, Model]) -> None:
     for m in imported.values():
         listed = set(ctx.store.list(m.object_prefix))
-        assert listed == {m.object_prefix + f["path"] for f in m.files}
+        record = keys.model_manifest(m.name, m.version)
+        assert listed == {m.object_prefix + f["path"] for f in m.files} | {record}
+        assert json.loads(ctx.store.get_bytes(record)) == m.files
         for f in m.files:
             key = m.object_prefix + f["path"]
             assert ctx.store.size(key) == f["bytes"]
@@ -240,6 +242,38 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
     missing = client.get("/v1/models/no-such-model")
     assert missing.status_code == 404
     assert missing.get_json()["error"]["code"] == "model_not_found"
+
+
+def test_a_store_that_holds_the_version_is_not_uploaded_again(private_ctx: Context,
+                                                               tmp_path: Path) -> None:
+    """Publishing a version whose manifest the store already holds (a second database
+    on the same store) only registers; changed content, or ``reupload``, uploads."""
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (src / "weights.bin").write_bytes(b"w" * 1000)
+    name = f"test-publish-{secrets.token_hex(3)}"
+    key = keys.model_file(name, "1", "weights.bin")
+
+    def publish(**kw: Any) -> Model:
+        return registry.publish_dir(private_ctx, name, "1", "embeddings", "test", src, 64,
+                                    **kw)
+
+    try:
+        publish()
+        private_ctx.store.delete(key)  # were it uploaded again, the object would be back
+        publish()
+        assert not private_ctx.store.exists(key)
+        publish(reupload=True)
+        assert private_ctx.store.size(key) == 1000
+        (src / "weights.bin").write_bytes(b"v" * 10)  # new content: a new manifest
+        private_ctx.store.delete(key)
+        m = publish()
+        assert private_ctx.store.get_bytes(key) == b"v" * 10
+        assert [f["bytes"] for f in m.files if f["path"] == "weights.bin"] == [10]
+    finally:
+        with private_ctx.db.session() as s:
+            s.execute(delete(Model).where(Model.name == name))
 
 
 def test_newest_version_is_the_default(ctx: Context) -> None:

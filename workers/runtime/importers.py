@@ -41,14 +41,16 @@ def import_model(ctx: Context, name: str, force: bool = False) -> Model:
         return registry.get_default(ctx, name) or existing[-1]
     t0 = time.perf_counter()
     b = registry.BUILTIN[name]
-    model = _import_packaged(ctx, b) if b.gguf is None else _import_gguf(ctx, b)
+    # force: a deliberate re-import also uploads again files the store already holds
+    model = (_import_packaged(ctx, b, force) if b.gguf is None else
+             _import_gguf(ctx, b, force))
     log.info("imported %s/%s (%d files, %d bytes) in %.1f s", model.name, model.version,
              len(model.files), registry.total_bytes(model), time.perf_counter() - t0)
     return model
 
 
-def _import_packaged(ctx: Context, b: registry.Builtin) -> Model:
-    model = registry.publish_packaged(ctx, b.name, force=True)
+def _import_packaged(ctx: Context, b: registry.Builtin, reupload: bool) -> Model:
+    model = registry.publish_packaged(ctx, b.name, force=True, reupload=reupload)
     if model is None:
         raise ModuleNotFoundError(f"{b.name}: its package is not installed ({b.source})")
     return model
@@ -106,11 +108,11 @@ def convert_gguf(gguf: Path, out: Path, name: str) -> int:
     return context_length
 
 
-def _import_gguf(ctx: Context, b: registry.Builtin) -> Model:
+def _import_gguf(ctx: Context, b: registry.Builtin, reupload: bool) -> Model:
     gguf = gguf_path(b)
     out = converted_dir(Path(ctx.settings.cache_dir), b.name, b.version, gguf)
     return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
-                                registry.read_context_length(out), b.owned_by)
+                                registry.read_context_length(out), b.owned_by, reupload)
 
 
 def converted_dir(cache_dir: Path, name: str, version: str, gguf: Path) -> Path:
