@@ -22,8 +22,22 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
+# The tests that share the session's stacks (the end-to-end tests, the failure
+# matrix) run in one pytest process, in order; every other test (the CLI's
+# `inferq up` of its own included) runs beside it in a second one: the two cores
+# are shared by one stack and lighter tests.
+STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.py \
+	test_e2e_shapes.py test_e2e_context_length.py test_e2e_model_routing.py \
+	test_failures.py test_backend_outages.py test_backend_restarts.py \
+	test_upload_memory.py test_private_services.py)
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	@echo "tests that run model workers: in the background, output in .test-stack.log"
+	@$(PYTEST) $(STACK_TESTS) > .test-stack.log 2>&1 & stack=$$!; \
+	$(PYTEST) $(addprefix --ignore=,$(STACK_TESTS)) tests; other=$$?; \
+	wait $$stack; status=$$?; cat .test-stack.log; \
+	[ $$other -eq 0 ] && [ $$status -eq 0 ]
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" tests

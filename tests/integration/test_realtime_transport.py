@@ -29,14 +29,18 @@ def r(own_redis_url: str):  # type: ignore[no-untyped-def]
 
 
 def fake_worker(r: redis_lib.Redis, events: list[dict], delay: float = 0.0) -> threading.Thread:  # type: ignore[type-arg]
-    """Pops the request and publishes ``events`` numbered as given."""
+    """Pops the request and publishes ``events`` numbered as given, on a connection of
+    its own (it may still publish after the test closed ``r``)."""
+    own = redis_lib.Redis(**r.connection_pool.connection_kwargs)
+
     def run() -> None:
-        got = r.brpop([realtime.queue_for("m")], timeout=10)
-        assert got is not None
-        rid = orjson.loads(got[1])["id"]
-        for ev in events:
-            time.sleep(delay)
-            r.publish(stream_channel(rid), orjson.dumps(ev))
+        with own:
+            got = own.brpop([realtime.queue_for("m")], timeout=10)
+            assert got is not None
+            rid = orjson.loads(got[1])["id"]
+            for ev in events:
+                time.sleep(delay)
+                own.publish(stream_channel(rid), orjson.dumps(ev))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
