@@ -31,7 +31,8 @@ def r(own_redis_url: str):  # type: ignore[no-untyped-def]
 def fake_worker(r: redis_lib.Redis, events: list[dict], delay: float = 0.0) -> threading.Thread:  # type: ignore[type-arg]
     """Pops the request and publishes ``events`` numbered as given, on a connection of
     its own (it may still publish after the test closed ``r``)."""
-    own = redis_lib.Redis(**r.connection_pool.connection_kwargs)
+    kw = r.connection_pool.connection_kwargs
+    own = redis_lib.Redis(host=kw["host"], port=kw["port"], db=kw.get("db", 0))
 
     def run() -> None:
         with own:
