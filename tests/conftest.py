@@ -225,3 +225,21 @@ def sdk(stack, tenant_key):  # type: ignore[no-untyped-def]
 
     return OpenAI(base_url=stack.base_url + "/v1", api_key=tenant_key,
                   _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def minilm():  # type: ignore[no-untyped-def]
+    """The packaged all-MiniLM-L6-v2, loaded in this process (tests that play the worker)."""
+    from workers.runtime.embeddings import EmbeddingModel
+
+    return EmbeddingModel("all-MiniLM-L6-v2")
+
+
+@pytest.fixture
+def minilm_engine(minilm):  # type: ignore[no-untyped-def]
+    from workers.batching import BatchPolicy
+    from workers.embedding_engine import EmbeddingEngine
+
+    e = EmbeddingEngine(minilm, BatchPolicy(4096, 64))
+    yield e
+    e.stop()

@@ -36,33 +36,16 @@ def broken_chat(model: str) -> Any:
     raise RuntimeError("object store unreachable")
 
 
-@pytest.fixture(scope="module")
-def model():  # type: ignore[no-untyped-def]
-    from workers.runtime.embeddings import EmbeddingModel
-
-    return EmbeddingModel(MODEL)
-
-
-@pytest.fixture
-def engine(model) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    from workers.batching import BatchPolicy
-    from workers.embedding_engine import EmbeddingEngine
-
-    e = EmbeddingEngine(model, BatchPolicy(4096, 64))
-    yield e
-    e.stop()
-
-
 # The realtime lane ---------------------------------------------------------------------
 
 
 @pytest.fixture
-def r(own_redis_url: str, model, engine) -> Iterator[redis_lib.Redis]:  # type: ignore[no-untyped-def,type-arg]
+def r(own_redis_url: str, minilm, minilm_engine) -> Iterator[redis_lib.Redis]:  # type: ignore[no-untyped-def,type-arg]
     """A Redis DB of this test's own, a realtime consumer on it, and its heartbeat."""
     from workers.realtime_lane import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)
-    lane = RealtimeConsumer(client, [MODEL, CHAT_MODEL], engine, model, 100, broken_chat,
+    lane = RealtimeConsumer(client, [MODEL, CHAT_MODEL], minilm_engine, minilm, 100, broken_chat,
                             allow=lambda: True)
     lane.start()
     realtime.heartbeat(client, "w", {"name": "w", "lanes": ["realtime"],
@@ -158,7 +141,7 @@ def ended(jctx: Context, ids: list[str], timeout: float = 60) -> dict[str, Job]:
         time.sleep(0.1)
 
 
-def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, model, engine) -> None:  # type: ignore[no-untyped-def]
+def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, minilm, minilm_engine) -> None:  # type: ignore[no-untyped-def]
     from workers.jobs_lane import JobsConsumer
 
     msgs = [{"role": "user", "content": "hi"}]
@@ -169,7 +152,7 @@ def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, model, engine) ->
         "vocab": queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": [99999]}),
         "other": queued(jctx, tenant, EMBEDDINGS, {"model": "bge-small", "input": "hi"}),
     }
-    lane = JobsConsumer(jctx, engine, model, broken_chat, "test-worker", allow=lambda: True)
+    lane = JobsConsumer(jctx, minilm_engine, minilm, broken_chat, "test-worker", allow=lambda: True)
     lane.start()
     try:
         jobs = ended(jctx, list(ids.values()))

@@ -5,7 +5,6 @@ Uses the packaged all-MiniLM-L6-v2 (vocabulary of 30522 tokens)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, cast
 
 import orjson
@@ -19,23 +18,6 @@ from jobs.settings import Settings
 MODEL = "all-MiniLM-L6-v2"
 
 
-@pytest.fixture(scope="module")
-def model():  # type: ignore[no-untyped-def]
-    from workers.runtime.embeddings import EmbeddingModel
-
-    return EmbeddingModel(MODEL)
-
-
-@pytest.fixture
-def engine(model) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    from workers.batching import BatchPolicy
-    from workers.embedding_engine import EmbeddingEngine
-
-    e = EmbeddingEngine(model, BatchPolicy(4096, 64))
-    yield e
-    e.stop()
-
-
 def body(**kw: Any) -> EmbeddingsBody:
     return EmbeddingsBody(**{"model": MODEL, "input": "x", **kw})
 
@@ -44,29 +26,29 @@ def row(custom_id: str, **kw: Any) -> dict[str, Any]:
     return {"custom_id": custom_id, "body": orjson.dumps({"model": MODEL, **kw})}
 
 
-def test_token_ids_outside_the_vocabulary_are_refused(model) -> None:  # type: ignore[no-untyped-def]
-    assert model.vocab_size == 30522
-    assert len(model.prepare(body(input=[30521]))[0]) == 3  # the last id, with [CLS] [SEP]
+def test_token_ids_outside_the_vocabulary_are_refused(minilm) -> None:  # type: ignore[no-untyped-def]
+    assert minilm.vocab_size == 30522
+    assert len(minilm.prepare(body(input=[30521]))[0]) == 3  # the last id, with [CLS] [SEP]
     with pytest.raises(InvalidRequest) as e:
-        model.prepare(body(input=[[7], [5, 99999]]))
+        minilm.prepare(body(input=[[7], [5, 99999]]))
     assert (e.value.status, e.value.param, e.value.code) == (400, "input", "invalid_token_id")
     assert e.value.message == ("input[1] holds token id 99999, but all-MiniLM-L6-v2's "
                                "vocabulary has 30522 tokens: ids must be below 30522")
 
 
-def test_another_model_is_refused(model) -> None:  # type: ignore[no-untyped-def]
+def test_another_model_is_refused(minilm) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ModelNotLoaded) as e:
-        model.prepare(body(model="bge-small"))
+        minilm.prepare(body(model="bge-small"))
     assert (e.value.status, e.value.code, e.value.headers) == (
         503, "model_not_loaded", {"retry-after": "5"})
     assert e.value.message.startswith("no worker serves model 'bge-small' right now")
 
 
-def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(model, engine) -> None:  # type: ignore[no-untyped-def]
+def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(minilm, minilm_engine) -> None:  # type: ignore[no-untyped-def]
     from workers.embedding_engine import BATCH
     from workers.runners import EmbeddingRunner
 
-    runner = EmbeddingRunner(engine, model, 100)
+    runner = EmbeddingRunner(minilm_engine, minilm, 100)
     rows = [row("a", input="hello"), row("b", input=[99999]),
             {"custom_id": "c", "body": orjson.dumps({"model": "bge-small", "input": "hi"})},
             row("d", input=[101, 7592])]
