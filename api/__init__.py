@@ -17,7 +17,18 @@ def context() -> Context:
 
 
 def create_app(settings: Settings | None = None) -> Flask:
-    from api import batches, errors, files, health, inference, jobs, models, openapi
+    from api import (
+        admin,
+        batches,
+        errors,
+        files,
+        health,
+        inference,
+        jobs,
+        models,
+        openapi,
+        usage,
+    )
     from api.schemas import check_path_ids
 
     settings = settings or Settings.from_env()
@@ -30,18 +41,26 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     v1 = (files, batches, inference, jobs, models)
     authenticated = {mod.bp.name for mod in v1}
+    # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
+    organization = (admin, usage)
+    administered = {mod.bp.name for mod in organization}
 
     @app.before_request
     def authenticate() -> None:
-        if request.blueprint not in authenticated:
+        if request.blueprint not in authenticated | administered:
             return
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
-        g.tenant_id = service.authenticate(context(), key)
+        if request.blueprint in administered:
+            g.admin_key_id = service.authenticate_admin(context(), key)
+        else:
+            g.tenant_id, g.api_key_id = service.authenticate(context(), key)
         check_path_ids(request.view_args or {})
 
     for mod in v1:
         app.register_blueprint(mod.bp, url_prefix="/v1")
+    for mod in organization:
+        app.register_blueprint(mod.bp, url_prefix="/v1/organization")
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
 

@@ -43,6 +43,13 @@ class Unauthorized(InferqError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(InferqError):
+    """A known key that may not do this (a project key on the Admin API)."""
+
+    status = 403
+    code = "insufficient_permissions"
+
+
 class NotFound(InferqError):
     """No such object for this tenant (another tenant's ids included: 404, never 403)."""
 

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -38,20 +39,108 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
+    """A project (the Admin API's word): every object belongs to one. An archived
+    project's keys no longer authenticate. ``weight`` is its share of the batch lanes
+    under fair dispatch."""
+
     __tablename__ = "tenants"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    archived_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+
+
+class ServiceAccount(Base):
+    """A project's non-human owner of API keys."""
+
+    __tablename__ = "service_accounts"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16), default="member")
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+    __table_args__ = (Index("ix_service_accounts_tenant_id_id", "tenant_id", "id"),)
 
 
 class ApiKey(Base):
+    """A project key, stored as its sha256 (the value is shown once). ``prefix`` and
+    ``suffix`` make its redacted value."""
+
     __tablename__ = "api_keys"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
+    suffix: Mapped[str] = mapped_column(String(8), default="", server_default="")
+    name: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    service_account_id: Mapped[str | None] = mapped_column(
+        ForeignKey("service_accounts.id", ondelete="CASCADE"), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_api_keys_tenant_id_id", "tenant_id", "id"),)
+
+
+class AdminKey(Base):
+    """A key for the Admin API (``/v1/organization/...``); never a project key."""
+
+    __tablename__ = "admin_api_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    suffix: Mapped[str] = mapped_column(String(8), default="", server_default="")
+    name: Mapped[str] = mapped_column(String(200), default="", server_default="")
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RateLimit(Base):
+    """A project's limits for one model; NULL is "no limit of this kind"."""
+
+    __tablename__ = "rate_limits"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                           primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    max_requests_per_1_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_tokens_per_1_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_requests_per_1_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    batch_1_day_max_input_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_concurrent_streams: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
+class UsageRecord(Base):
+    """Billable work: one row per realtime request or job, one per committed batch
+    chunk. ``source`` names what was counted (``job:<id>``, ``chunk:<shard>:<n>``,
+    ``rt:<request id>``) and is unique, so a redelivered chunk is never counted twice.
+    ``accelerator_seconds`` is the row's share of the engine steps that ran it; ``cost``
+    is those seconds times the model's and tier's price when the work was done."""
+
+    __tablename__ = "usage_records"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(128), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # completions | embeddings
+    model: Mapped[str] = mapped_column(String(200))
+    lane: Mapped[str] = mapped_column(String(16))  # realtime | jobs | batch | flex
+    service_tier: Mapped[str] = mapped_column(String(16), default="default")
+    batch_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    num_requests: Mapped[int] = mapped_column(Integer, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    accelerator_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    __table_args__ = (
+        Index("ix_usage_records_created_at", "created_at"),
+        Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
+    )
 
 
 class File(Base):
@@ -74,6 +163,7 @@ class Batch(Base):
     __tablename__ = "batches"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(64))
     input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
     completion_window: Mapped[str] = mapped_column(String(16))
@@ -122,6 +212,9 @@ class Shard(Base):
     object_key: Mapped[str] = mapped_column(String(1024))
     rows: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=ShardStatus.QUEUED)
+    # When the fair dispatcher last sent it to its lane's broker queue; NULL: waiting
+    # in the database for its turn.
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Attempts in a row that ended without committing a chunk (see claim_shard): the
     # attempt cap counts these, so a shard that keeps moving is never given up on,
@@ -188,6 +281,7 @@ class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(64))
     body: Mapped[dict[str, Any]] = mapped_column(JSONB)
     status: Mapped[str] = mapped_column(String(16))  # JobStatus

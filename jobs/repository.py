@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from jobs.errors import InvalidRequest
-from jobs.models import ApiKey, Batch, File, Shard
+from jobs.models import AdminKey, ApiKey, Batch, File, Shard, Tenant
 from jobs.outputs import Tokens
 from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
@@ -20,6 +20,34 @@ from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 def tenant_for_key_hash(s: Session, key_hash: str) -> str | None:
     return s.scalar(select(ApiKey.tenant_id).where(ApiKey.key_hash == key_hash,
                                                    ApiKey.revoked_at.is_(None)))
+
+
+class KeyPrincipal(NamedTuple):
+    tenant_id: str
+    api_key_id: str
+
+
+def key_principal(s: Session, key_hash: str, at: int) -> KeyPrincipal | None:
+    """The live key with this hash: not revoked, not expired, its project not archived."""
+    row = s.execute(
+        select(ApiKey.tenant_id, ApiKey.id).join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None),
+               (ApiKey.expires_at.is_(None)) | (ApiKey.expires_at > at),
+               Tenant.archived_at.is_(None))).first()
+    return None if row is None else KeyPrincipal(row[0], row[1])
+
+
+def admin_key_id(s: Session, key_hash: str) -> str | None:
+    return s.scalar(select(AdminKey.id).where(AdminKey.key_hash == key_hash,
+                                              AdminKey.revoked_at.is_(None)))
+
+
+def touch_key(s: Session, api_key_id: str, at: int) -> None:
+    """Record use, at most once a minute (a write per request would serialize keys)."""
+    s.execute(update(ApiKey).where(ApiKey.id == api_key_id,
+                                   (ApiKey.last_used_at.is_(None))
+                                   | (ApiKey.last_used_at < at - 60))
+              .values(last_used_at=at))
 
 
 def get_file(s: Session, tenant_id: str, file_id: str) -> File | None:

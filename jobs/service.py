@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from typing import IO
+from typing import IO, NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,8 +14,16 @@ from sqlalchemy.orm import Session
 from jobs import catalog
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.errors import Conflict, InvalidRequest, NotFound, Unauthorized, shown, transient
-from jobs.models import ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
+from jobs.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    Unauthorized,
+    shown,
+    transient,
+)
+from jobs.models import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
 from jobs.requests import BatchCreate
 from jobs.sharding import validate_and_shard
 from jobs.status import BatchStatus
@@ -55,18 +63,56 @@ def _add_key(s: Session, tenant_name: str, key: str) -> str:
         s.add(tenant)
         s.flush()
     s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
-                 prefix=key[:10]))
+                 prefix=key[:10], suffix=key[-4:]))
     return tenant.id
 
 
-def authenticate(ctx: Context, key: str | None) -> str:
+class Principal(NamedTuple):
+    """Who a project key speaks for."""
+
+    tenant_id: str
+    api_key_id: str
+
+
+def authenticate(ctx: Context, key: str | None) -> Principal:
+    """The project and key behind ``key``. Every request reads the key's row, so a
+    revoked key, an archived project or an expired key is refused at once in every
+    API process. ``last_used_at`` is written at most once a minute per key."""
     if not key:
         raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+    t = now()
     with ctx.db.session() as s:
-        tenant_id = repo.tenant_for_key_hash(s, hash_key(key))
-    if tenant_id is None:
+        row = repo.key_principal(s, hash_key(key), t)
+        if row is not None:
+            repo.touch_key(s, row.api_key_id, t)
+    if row is None:
         raise Unauthorized("Incorrect API key provided")
-    return tenant_id
+    return Principal(row.tenant_id, row.api_key_id)
+
+
+def authenticate_admin(ctx: Context, key: str | None) -> str:
+    """The admin key behind ``key``; a project key is refused (403), any other 401."""
+    if not key:
+        raise Unauthorized("Missing admin API key: send 'Authorization: Bearer <admin key>'")
+    with ctx.db.session() as s:
+        admin_id = repo.admin_key_id(s, hash_key(key))
+        if admin_id is None and repo.key_principal(s, hash_key(key), now()) is not None:
+            raise PermissionDenied("a project API key cannot use the Admin API: use an "
+                                   "admin key (OPENAI_ADMIN_KEY)")
+    if admin_id is None:
+        raise Unauthorized("Incorrect admin API key provided")
+    return admin_id
+
+
+def ensure_admin_key(ctx: Context, key: str) -> str:
+    """Make ``key`` a valid admin key (idempotent); used for the admin key of ``inferq up``."""
+    with ctx.db.session() as s:
+        if (admin_id := repo.admin_key_id(s, hash_key(key))) is not None:
+            return admin_id
+        k = AdminKey(id=new_id("key_"), key_hash=hash_key(key), prefix=key[:10],
+                     suffix=key[-4:], name="inferq up")
+        s.add(k)
+        return k.id
 
 
 def register_builtin_models(ctx: Context) -> None:

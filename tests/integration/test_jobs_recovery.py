@@ -27,7 +27,7 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 @pytest.fixture
 def tenant(jctx: Context) -> str:
     service.register_builtin_models(jctx)
-    return service.authenticate(jctx, service.create_tenant(jctx, "jobs")[1])
+    return service.authenticate(jctx, service.create_tenant(jctx, "jobs")[1]).tenant_id
 
 
 def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> None:

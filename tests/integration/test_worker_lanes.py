@@ -116,7 +116,7 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 @pytest.fixture
 def tenant(jctx: Context) -> str:
     service.register_builtin_models(jctx)
-    return service.authenticate(jctx, service.create_tenant(jctx, "lanes")[1])
+    return service.authenticate(jctx, service.create_tenant(jctx, "lanes")[1]).tenant_id
 
 
 def queued(jctx: Context, tenant: str, endpoint: str, body: dict[str, Any]) -> str:
