@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, current_app, g, request
+from flask import Flask, Response, current_app, g, request
 
-from jobs import service
+from jobs import limits, service
 from jobs.context import Context
 from jobs.settings import Settings
 
@@ -14,6 +14,20 @@ from jobs.settings import Settings
 def context() -> Context:
     ctx: Context = current_app.extensions["inferq"]
     return ctx
+
+
+def admit(model: str, tokens: int, *, stream: bool = False,
+          member: str | None = None) -> limits.Grant:
+    """Decide this request against its project's limits for ``model`` (429 when over);
+    the response, whatever it is, carries the decision's ``x-ratelimit-*`` headers."""
+    try:
+        grant = limits.admit(context(), g.tenant_id, model, tokens, stream=stream,
+                             member=member)
+    except limits.RateLimited as e:
+        g.ratelimit_headers = e.headers
+        raise
+    g.ratelimit_headers = grant.headers
+    return grant
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -56,6 +70,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         else:
             g.tenant_id, g.api_key_id = service.authenticate(context(), key)
         check_path_ids(request.view_args or {})
+
+    @app.after_request
+    def ratelimit_headers(resp: Response) -> Response:
+        for k, v in g.get("ratelimit_headers", {}).items():
+            resp.headers.setdefault(k, v)
+        return resp
 
     for mod in v1:
         app.register_blueprint(mod.bp, url_prefix="/v1")

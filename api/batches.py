@@ -20,7 +20,7 @@ bp = Blueprint("batches", __name__)
 @idempotent
 def create() -> Any:
     req = parse_model(BatchCreate, json_body())
-    b = service.create_batch(context(), g.tenant_id, req)
+    b = service.create_batch(context(), g.tenant_id, req, g.api_key_id)
     return batch_object(b, ShardSums())
 
 

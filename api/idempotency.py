@@ -47,7 +47,7 @@ def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
         try:
             resp = current_app.make_response(view(*args, **kwargs))
         except InferqError as e:
-            if e.status >= 500:
+            if e.status >= 500 or e.status == 429:  # to be retried (429: a rate limit)
                 idempotency.abandon(ctx, tenant, key)
             else:  # a client error is the answer to this request: replay it too
                 idempotency.finish(ctx, tenant, key, e.status, orjson.dumps(error_body(e)))

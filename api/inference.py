@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from flask import Blueprint, Response, stream_with_context
+from flask import Blueprint, Response, g, stream_with_context
 
-from api import context
+from api import admit, context
 from api.errors import error_body
 from api.schemas import json_body
-from jobs import catalog
+from jobs import catalog, limits
 from jobs.errors import InferqError
 from jobs.realtime import RealtimeClient, TokenStream, error_from_event
 from jobs.requests import (
@@ -32,8 +32,16 @@ bp = Blueprint("inference", __name__)
 def embeddings() -> Response:
     ctx = context()
     req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
-    body = RealtimeClient(ctx.redis).call("embeddings", req.model_dump(exclude_none=True),
-                                          ctx.settings.realtime_timeout_s)
+    grant = admit(req.model, limits.embedding_tokens(req.inputs()))
+    client = RealtimeClient(ctx.redis, tenant_id=g.tenant_id, api_key_id=g.api_key_id)
+    try:
+        body = client.call("embeddings", req.model_dump(exclude_none=True),
+                           ctx.settings.realtime_timeout_s)
+    except Exception:
+        limits.settle(ctx, grant, 0)  # not answered: its tokens are given back
+        raise
+    if (real := limits.body_usage_tokens(body)) is not None:
+        limits.settle(ctx, grant, real)
     return Response(body, mimetype="application/json")
 
 
@@ -51,13 +59,25 @@ def _generate(endpoint: str) -> Any:
     ctx = context()
     req = parse_generation(endpoint, json_body(), catalog.cached(ctx))
     st = ctx.settings
-    stream = TokenStream(ctx.redis, endpoint, req.model_dump(exclude_none=True),
-                         first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s)
-    stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
+    body = req.model_dump(exclude_none=True)
+    grant = admit(req.model, limits.request_tokens(endpoint, body,
+                                                   st.rate_limit_default_max_tokens),
+                  stream=req.stream)
+    stream = TokenStream(ctx.redis, endpoint, body,
+                         first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s,
+                         tenant_id=g.tenant_id, api_key_id=g.api_key_id)
+    try:
+        stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
+    except Exception:
+        limits.settle(ctx, grant, 0)  # nothing ran: its tokens and its stream slot go back
+        limits.release_stream(ctx, grant)
+        raise
     if req.stream:
-        return Response(stream_with_context(_sse(stream, req, endpoint == CHAT)),
+        resp = Response(stream_with_context(_sse(stream, req, endpoint == CHAT, grant)),
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        resp.call_on_close(lambda: limits.release_stream(ctx, grant))  # also if never read
+        return resp
     try:
         parts, done = [], None
         for ev in stream.events():
@@ -72,23 +92,29 @@ def _generate(endpoint: str) -> Any:
     finally:
         stream.close()
     assert done is not None
+    limits.settle(ctx, grant, done["prompt_tokens"] + done["completion_tokens"])
     build = chat_completion if endpoint == CHAT else text_completion
     return build(req.model, "".join(parts), done["finish_reason"], done["prompt_tokens"],
                  done["completion_tokens"])
 
 
-def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool) -> Iterator[bytes]:
-    """Headers are out: from here on every failure is an error event, then [DONE]."""
+def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
+         grant: limits.Grant) -> Iterator[bytes]:
+    """Headers are out: from here on every failure is an error event, then [DONE]. The
+    stream's slot is renewed while it runs and given back when it ends, however."""
+    ctx = context()
     w = ChunkWriter(req.model, chat)
     try:
         if (first := w.first()) is not None:
             yield _event(first)
         for ev in stream.events():
+            limits.renew_stream(ctx, grant)
             if ev is None:
                 yield b": keep-alive\n\n"
             elif ev["t"] == StreamEvent.DELTA:
                 yield _event(w.delta(ev["text"]))
             elif ev["t"] == StreamEvent.DONE:
+                limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
                 yield _event(w.finish(ev["finish_reason"]))
                 if req.include_usage():
                     yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))
@@ -100,6 +126,7 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool) -> Ite
         yield b"data: [DONE]\n\n"
     finally:
         stream.close()  # a client that went away cancels its sequence at the next step
+        limits.release_stream(ctx, grant)
 
 
 def _event(obj: dict[str, Any]) -> bytes:

@@ -6,11 +6,12 @@ from typing import Any
 
 from flask import Blueprint, g
 
-from api import context
+from api import admit, context
 from api.idempotency import idempotent
 from api.schemas import json_body
-from jobs import asyncjobs
+from jobs import asyncjobs, limits
 from jobs.errors import InvalidRequest
+from jobs.models import new_id
 from jobs.requests import parse_model
 
 bp = Blueprint("jobs", __name__)
@@ -24,7 +25,13 @@ def create() -> Any:
         raise InvalidRequest("callback_url is not supported by this deployment yet; poll "
                              "GET /v1/jobs/{id}", param="callback_url",
                              code="unsupported_parameter")
-    job = asyncjobs.create(context(), g.tenant_id, req.endpoint, req.body)
+    ctx = context()
+    clean = asyncjobs.validate(ctx, req.endpoint, req.body)
+    job_id = new_id("job_")  # its reservation is settled by id when the job completes
+    admit(clean["model"], limits.request_tokens(
+        req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
+    job = asyncjobs.create(ctx, g.tenant_id, req.endpoint, req.body, api_key_id=g.api_key_id,
+                           job_id=job_id)
     return asyncjobs.job_object(job), 200
 
 

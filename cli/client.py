@@ -41,6 +41,20 @@ def connect(settings: Settings, url: str | None, key: str | None) -> Any:
     return OpenAI(base_url=api_url(settings, url), api_key=key, max_retries=1)
 
 
+def connect_admin(settings: Settings, url: str | None, key: str | None) -> Any:
+    """An openai client for the Admin API; the key defaults to the admin key of the data
+    dir (written by ``inferq up``)."""
+    from openai import OpenAI
+
+    path = settings.data_dir / "admin-api-key"
+    key = key or (path.read_text().strip() if path.exists() else None)
+    if not key:
+        raise click.ClickException(
+            f"no admin key: pass --admin-key (INFERQ_ADMIN_KEY), or start `inferq up`, which "
+            f"writes one to {path}")
+    return OpenAI(base_url=api_url(settings, url), admin_api_key=key, max_retries=1)
+
+
 def follow(client: Any, batch_id: str, interval: float = 0.5) -> Any:
     """Poll a batch with a progress bar until it reaches a terminal status."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 START_HINT = "start it with `inferq up`, or pass --api-url (INFERQ_API_URL)"
-KEY_HINT = ("pass --api-key (INFERQ_API_KEY) with a key from `inferq create-key NAME`, "
-            "or the dev key that `inferq up` wrote to the data dir")
+KEY_HINT = ("pass --api-key (INFERQ_API_KEY) with a key from `inferq keys create --project "
+            "ID`, or the dev key that `inferq up` wrote to the data dir")
+ADMIN_KEY_HINT = ("pass --admin-key (INFERQ_ADMIN_KEY), or use the admin key that `inferq up` "
+                  "wrote to the data dir (admin-api-key)")
 
 
 def user_message(exc: BaseException) -> str | None:
@@ -28,6 +30,8 @@ def _openai_message(exc: BaseException) -> str | None:
     if isinstance(exc, openai.APIConnectionError):
         return f"cannot reach the inferq API at {_base(exc)}: {START_HINT}"
     if isinstance(exc, openai.AuthenticationError):
+        if _is_admin(exc):
+            return f"the API refused the admin key ({_api_text(exc)}): {ADMIN_KEY_HINT}"
         return f"the API refused the API key ({_api_text(exc)}): {KEY_HINT}"
     if isinstance(exc, openai.APIStatusError):
         return f"{_api_text(exc)} (HTTP {exc.status_code})"
@@ -71,6 +75,14 @@ def _api_text(exc: Any) -> str:
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
     return str(exc.message)
+
+
+def _is_admin(exc: Any) -> bool:
+    """Whether the refused request went to the Admin API (/v1/organization/...)."""
+    try:
+        return "/organization/" in exc.request.url.path
+    except RuntimeError:  # no request attached
+        return False
 
 
 def _base(exc: Any) -> str:

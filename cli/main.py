@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli import batches, state
+from cli import admin, batches, state
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
@@ -64,18 +64,6 @@ def _backends(*needs: str) -> Settings:
     return st
 
 
-def _tenant_name(name: str) -> str:
-    from sqlalchemy import String
-
-    from jobs.models import Tenant
-
-    limit = cast(String, Tenant.__table__.c.name.type).length or 0
-    if not name.strip() or len(name) > limit or not name.isprintable():
-        raise click.BadParameter(f"a tenant name is 1 to {limit} printable characters",
-                                 param_hint="TENANT")
-    return name
-
-
 def _export(st: Settings) -> None:
     """For commands that exec another program: it reads the resolved settings."""
     os.environ.update({k: v for k, v in st.to_env().items()
@@ -123,6 +111,8 @@ def up(port: int | None, model_workers: int) -> None:
             redis_url=rs.redis_url, object_store_url=rs.object_store_url))
         click.echo(f"inferq is up: {url}")
         click.echo(f"API key:      {stack.api_key}")
+        click.echo(f"admin key:    {stack.admin_key}  (OPENAI_ADMIN_KEY for the SDK's admin "
+                   "client; the projects, keys, limits and usage commands use it)")
         click.echo(f"data dir:     {st.data_dir}  (logs in {stack.log_dir})")
         failed = _supervise(stack, signals)
         if failed:
@@ -199,22 +189,6 @@ def migrate() -> None:
     click.echo("database is at the latest revision")
 
 
-@main.command("create-key")
-@click.argument("tenant")
-def create_key(tenant: str) -> None:
-    """Create a tenant (if new) and print a new API key for it."""
-    from jobs import service
-    from jobs.context import Context
-
-    name = _tenant_name(tenant)
-    ctx = Context(_backends(DATABASE))
-    try:
-        _, key = service.create_tenant(ctx, name)
-    finally:
-        ctx.close()
-    click.echo(key)
-
-
 @main.group()
 def models() -> None:
     """The model registry and repository."""
@@ -270,6 +244,11 @@ def models_list() -> None:
                    f"{m.context_length:>7} {registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
 
 
+main.add_command(admin.admin_key_command)
+main.add_command(admin.projects)
+main.add_command(admin.keys)
+main.add_command(admin.limits)
+main.add_command(admin.usage)
 main.add_command(batches.submit)
 main.add_command(batches.status)
 main.add_command(batches.results)

@@ -31,6 +31,19 @@ if TYPE_CHECKING:
     from jobs.context import Context
 
 ROOT = Path(__file__).resolve().parent.parent
+DEV_KEY_FILE, ADMIN_KEY_FILE = "dev-api-key", "admin-api-key"
+
+
+def _key_file(path: Path, prefix: str) -> str:
+    """The key stored at ``path``; a new one (mode 0600, written atomically) if none."""
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(prefix + secrets.token_urlsafe(24))
+        tmp.replace(path)
+    return path.read_text().strip()
 
 
 def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
@@ -126,6 +139,7 @@ class Stack:
         self.backends: list[Any] = []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.api_key = ""
+        self.admin_key = ""
         self.stop_signals = stop_signals or StopSignals()  # not installed: never raises
 
     @property
@@ -189,6 +203,8 @@ class Stack:
         self.import_models(ctx)
         self.api_key = self.dev_key()
         service.ensure_key(ctx, "default", self.api_key)
+        self.admin_key = self.admin_api_key()
+        service.ensure_admin_key(ctx, self.admin_key)
         ctx.close()
         if workers:
             self.spawn("worker-control", worker_command("control", "control"),
@@ -233,11 +249,12 @@ class Stack:
                           **env)
 
     def dev_key(self) -> str:
-        path = self.settings.data_dir / "dev-api-key"
-        if not path.exists():
-            path.write_text("iq-dev-" + secrets.token_urlsafe(24))
-            path.chmod(0o600)
-        return path.read_text().strip()
+        """The project key of the data dir's ``default`` project (made once)."""
+        return _key_file(self.settings.data_dir / DEV_KEY_FILE, "iq-dev-")
+
+    def admin_api_key(self) -> str:
+        """The admin key of the data dir (made once): the Admin API's, never a project's."""
+        return _key_file(self.settings.data_dir / ADMIN_KEY_FILE, "iq-admin-")
 
     def wait_healthy(self, timeout: float = 180, need_workers: bool = True) -> None:
         deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
-from jobs import catalog
+from jobs import catalog, limits, usage
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
@@ -45,10 +45,14 @@ def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
 
 
 def create(ctx: Context, tenant_id: str, endpoint: str, body: Any,
-           callback_url: str | None = None) -> Job:
+           callback_url: str | None = None, api_key_id: str | None = None,
+           job_id: str | None = None) -> Job:
+    """Store the job (with the key that created it: its usage is billed to it) and
+    push its id."""
     clean = validate(ctx, endpoint, body)
-    job = Job(id=new_id("job_"), tenant_id=tenant_id, endpoint=endpoint, body=clean,
-              status=JobStatus.QUEUED, callback_url=callback_url, created_at=now())
+    job = Job(id=job_id or new_id("job_"), tenant_id=tenant_id, api_key_id=api_key_id,
+              endpoint=endpoint, body=clean, status=JobStatus.QUEUED,
+              callback_url=callback_url, created_at=now())
     with ctx.db.session() as s:
         s.add(job)
     ctx.redis.rpush(QUEUE, job.id)  # after the commit: a lost push is recovered by workers
@@ -85,13 +89,24 @@ def claim(ctx: Context, job_ids: list[str], worker: str, token: str, ttl_s: floa
 
 
 def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | None,
-             error: dict[str, Any] | None) -> bool:
+             error: dict[str, Any] | None, bill: usage.Entry | None = None) -> bool:
+    """Store the job's outcome if ``token`` still holds its lease; ``bill`` (its usage
+    record) is inserted in the same transaction, only when the outcome was stored."""
     with ctx.db.session() as s:
         res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token)
                         .values(status=JobStatus.FAILED if error else JobStatus.COMPLETED,
                                 result=result, error=error, completed_at=now(), lease_token=None,
-                                lease_expires_at=None))
-        return bool(res.rowcount)  # type: ignore[attr-defined]
+                                lease_expires_at=None)
+                        .returning(Job.tenant_id, Job.body))
+        row = res.first()
+        stored = row is not None
+        if stored and bill is not None and error is None:
+            usage.record(s, bill)
+    if row is not None:  # its tokens-per-minute reservation becomes what it really used
+        real = limits.usage_tokens((result or {}).get("usage")) if error is None else 0
+        if real is not None and isinstance(row.body.get("model"), str):
+            limits.settle_member(ctx, row.tenant_id, row.body["model"], job_id, real)
+    return stored
 
 
 def renew(ctx: Context, token: str, ttl_s: float, job_ids: list[str]) -> int:

@@ -179,6 +179,9 @@ class Batch(Base):
     # Requests rejected at validation (per-request body errors); the rest is
     # counted per shard and summed on read.
     invalid: Mapped[int] = mapped_column(Integer, default=0)
+    # An upper bound of its input tokens, counted at validation (jobs/limits.py): what
+    # it takes of the project's batch_1_day_max_input_tokens.
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Its usage is not kept here: it is its shards', summed on read (repository.shard_sums).
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -215,6 +218,10 @@ class Shard(Base):
     # When the fair dispatcher last sent it to its lane's broker queue; NULL: waiting
     # in the database for its turn.
     dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When validation inserted it, and when its latest attempt claimed it (the time a
+    # shard waited for a worker, and the order shards started in).
+    created_at: Mapped[float | None] = mapped_column(Float, nullable=True, default=time.time)
+    claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Attempts in a row that ended without committing a chunk (see claim_shard): the
     # attempt cap counts these, so a shard that keeps moving is never given up on,
@@ -245,7 +252,23 @@ class Shard(Base):
     __table_args__ = (
         UniqueConstraint("batch_id", "index", name="uq_shards_batch_index"),
         Index("ix_shards_status_lease", "status", "lease_expires_at"),
+        # The shards waiting for the fair dispatcher (a small set among all shards).
+        Index("ix_shards_waiting", "batch_id", "index",
+              postgresql_where="dispatched_at IS NULL AND status = 'queued'"),
     )
+
+
+class DispatchDeficit(Base):
+    """A project's place in a batch lane's deficit round robin (jobs/fairshare.py):
+    its unspent credit in rows and its position in the round (lowest: its turn). Only
+    projects with shards waiting on the lane have a row."""
+
+    __tablename__ = "dispatch_deficits"
+    lane: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
+                                           primary_key=True)
+    deficit: Mapped[int] = mapped_column(BigInteger, default=0)
+    position: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Model(Base):

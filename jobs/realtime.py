@@ -4,7 +4,8 @@ A request is pushed on its model's Redis list, which only the realtime consumers
 of workers holding that model block on; the answer comes back on a per-request
 list the API blocks on. Lists (unlike pub/sub) keep a reply that arrives before
 the API starts waiting. A request carries its deadline; a worker drops requests
-whose caller has given up.
+whose caller has given up. It also carries the project and key it is billed to
+(``tenant_id``, ``api_key_id``): the worker that answers it records its usage.
 """
 
 from __future__ import annotations
@@ -65,15 +66,18 @@ def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> 
 
 
 class RealtimeClient:
-    def __init__(self, r: redis.Redis, max_queue: int = 1000) -> None:
+    def __init__(self, r: redis.Redis, max_queue: int = 1000, tenant_id: str | None = None,
+                 api_key_id: str | None = None) -> None:
         self.r = r
         self.max_queue = max_queue
+        self.payer = {"tenant_id": tenant_id, "api_key_id": api_key_id}
 
     def call(self, kind: str, body: dict[str, Any], timeout_s: float) -> bytes:
         """Send one request and wait for the worker's answer (the JSON response body)."""
         queue = admit(self.r, body["model"], self.max_queue)
         rid = new_id("req_")
-        msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s}
+        msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
+               **self.payer}
         self.r.lpush(queue, orjson.dumps(msg))
         got = self.r.blpop([reply_key(rid)], timeout=max(1, int(timeout_s)))
         if got is None:
@@ -110,8 +114,10 @@ class TokenStream:
     """
 
     def __init__(self, r: redis.Redis, kind: str, body: dict[str, Any], *,
-                 first_event_s: float, idle_s: float, keepalive_s: float = 10.0) -> None:
+                 first_event_s: float, idle_s: float, keepalive_s: float = 10.0,
+                 tenant_id: str | None = None, api_key_id: str | None = None) -> None:
         self.r, self.kind, self.body = r, kind, body
+        self.payer = {"tenant_id": tenant_id, "api_key_id": api_key_id}
         self.first_event_s, self.idle_s, self.keepalive_s = first_event_s, idle_s, keepalive_s
         self.id = new_id("req_")
         self.pubsub = r.pubsub(ignore_subscribe_messages=False)
@@ -130,7 +136,7 @@ class TokenStream:
             if time.monotonic() > deadline:
                 raise Unavailable("could not subscribe to the token stream", retry_after=2)
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
-               "deadline": time.time() + self.first_event_s}
+               "deadline": time.time() + self.first_event_s, **self.payer}
         self.r.lpush(queue, orjson.dumps(msg))
         first = self.next_event(self.first_event_s)
         if first is None:

@@ -11,8 +11,9 @@ from sqlalchemy import and_, case, func, literal, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
+from jobs import usage
 from jobs.errors import InvalidRequest
-from jobs.models import AdminKey, ApiKey, Batch, File, Shard, Tenant
+from jobs.models import AdminKey, ApiKey, Batch, File, RateLimit, ServiceAccount, Shard, Tenant
 from jobs.outputs import Tokens
 from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
@@ -114,7 +115,7 @@ def claim_shard(s: Session, shard_id: str, token: str, worker: str, ttl_s: float
         .values(attempt=Shard.attempt + 1, stalls=case((stalled, Shard.stalls + 1), else_=0),
                 claimed_chunks=Shard.chunks_done, lease_token=token,
                 lease_expires_at=now + ttl_s, worker=worker, status=ShardStatus.RUNNING,
-                updated_at=now)
+                claimed_at=now, updated_at=now)
         .returning(Shard)
     )
 
@@ -130,13 +131,16 @@ def give_up_message(stalls: int) -> str:
 
 
 def checkpoint(s: Session, shard_id: str, token: str, attempt: int, chunks_done: int,
-               rows: int, completed: int, failed: int, tokens: Tokens, ttl_s: float) -> bool:
+               rows: int, completed: int, failed: int, tokens: Tokens, ttl_s: float,
+               bill: usage.Entry | None = None) -> bool:
     """Commit chunk ``chunks_done - 1``, written by ``attempt`` (its parts are keyed by
     it), and renew the lease; False if fenced off.
 
     ``tokens``: the usage of the chunk's output lines. The attempt is recorded in
     ``part_attempts`` by the same conditional UPDATE, so finalize reads the parts of
-    the attempt that committed the chunk, never those a fenced worker wrote later."""
+    the attempt that committed the chunk, never those a fenced worker wrote later.
+    ``bill``, the chunk's usage record, is inserted only when the UPDATE committed the
+    chunk, in the same transaction: a fenced-off writer never counts."""
     now = time.time()
     res = s.execute(
         update(Shard)
@@ -151,7 +155,10 @@ def checkpoint(s: Session, shard_id: str, token: str, attempt: int, chunks_done:
                 lease_expires_at=now + ttl_s,
                 updated_at=now)
     )
-    return bool(res.rowcount)  # type: ignore[attr-defined]
+    committed = bool(res.rowcount)  # type: ignore[attr-defined]
+    if committed and bill is not None:
+        usage.record(s, bill, now)
+    return committed
 
 
 def part_attempt(sh: Shard, chunk: int) -> int | None:
@@ -207,3 +214,51 @@ def batch_stopping(s: Session, batch_id: str) -> bool:
     """Whether a running shard of this batch should stop at its next chunk."""
     row = s.execute(select(Batch.status, Batch.expired_at).where(Batch.id == batch_id)).first()
     return row is None or row[0] == BatchStatus.CANCELLING or row[1] is not None
+
+
+# The Admin API: projects, service accounts, keys, rate limits ------------------------------
+
+
+def get_tenant(s: Session, tenant_id: str, lock: bool = False) -> Tenant | None:
+    q = select(Tenant).where(Tenant.id == tenant_id)
+    return s.scalar(q.with_for_update() if lock else q)
+
+
+def page_oldest_first(s: Session, model: type[Tenant] | type[ServiceAccount] | type[ApiKey],
+                      where: list[Any], after: str | None, limit: int
+                      ) -> tuple[list[Any], bool]:
+    """Oldest first (ids are time-ordered); ``after`` must be an id among ``where``'s
+    rows (a cursor from an earlier page), else a 400."""
+    q = select(model).where(*where)
+    if after:
+        if s.scalar(select(model.id).where(model.id == after, *where)) is None:
+            raise InvalidRequest(f"after: no such object {after!r}; pass the id of an item "
+                                 "from a previous page", param="after")
+        q = q.where(model.id > after)
+    rows = list(s.scalars(q.order_by(model.id).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def service_accounts_by_id(s: Session, ids: set[str]) -> dict[str, ServiceAccount]:
+    if not ids:
+        return {}
+    return {sa.id: sa for sa in s.scalars(select(ServiceAccount)
+                                          .where(ServiceAccount.id.in_(ids)))}
+
+
+def rate_limits_of(s: Session, tenant_id: str) -> list[RateLimit]:
+    return list(s.scalars(select(RateLimit).where(RateLimit.tenant_id == tenant_id)))
+
+
+def upsert_rate_limit(s: Session, tenant_id: str, model: str, values: dict[str, int | None],
+                      at: int) -> RateLimit:
+    """Set the given columns of the project's row for ``model`` (made if new), in one
+    statement, so concurrent updates of different limits never lose one another."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    stmt = insert(RateLimit).values(tenant_id=tenant_id, model=model, updated_at=at, **values)
+    stmt = stmt.on_conflict_do_update(index_elements=[RateLimit.tenant_id, RateLimit.model],
+                                      set_={**values, "updated_at": at})
+    row = s.scalar(stmt.returning(RateLimit), execution_options={"populate_existing": True})
+    assert row is not None
+    return row

@@ -11,7 +11,7 @@ from typing import IO, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs import catalog
+from jobs import catalog, fairshare, limits
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.errors import (
@@ -59,7 +59,7 @@ def _add_key(s: Session, tenant_name: str, key: str) -> str:
     """Store ``key`` for the tenant named ``tenant_name`` (created if new); its id."""
     tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
     if tenant is None:
-        tenant = Tenant(id=new_id("tnt_"), name=tenant_name)
+        tenant = Tenant(id=new_id("proj_"), name=tenant_name)
         s.add(tenant)
         s.flush()
     s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
@@ -189,7 +189,10 @@ def open_file_content(ctx: Context, tenant_id: str, file_id: str) -> tuple[File,
 # Batches -------------------------------------------------------------------------------
 
 
-def create_batch(ctx: Context, tenant_id: str, req: BatchCreate) -> Batch:
+def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
+                 api_key_id: str | None = None) -> Batch:
+    """Store the batch (with the key that created it: its usage is billed to it) and
+    ask for its validation."""
     with ctx.db.session() as s:
         f = repo.get_file(s, tenant_id, req.input_file_id)
         if f is None:
@@ -206,7 +209,8 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate) -> Batch:
                                  '(e.g. "body": {"model": "all-MiniLM-L6-v2"}; --model in the '
                                  "CLI)", param="body.model", code="missing_model")
         created = now()
-        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint=req.endpoint,
+        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, api_key_id=api_key_id,
+                  endpoint=req.endpoint,
                   input_file_id=f.id, completion_window=req.completion_window,
                   service_tier="flex" if req.service_tier == "flex" else "default",
                   status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
@@ -318,16 +322,23 @@ def _validate(ctx: Context, batch_id: str) -> None:
         if plan.errors:
             b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), plan.errors
             return
+        over = limits.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens)
+        if over is not None:  # past the project's batch input tokens of the day
+            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), [over]
+            ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+            return
         b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
+        b.input_tokens = plan.input_tokens
         b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
+        sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn
         for index, rows in enumerate(plan.shards):
             sid = f"{batch_id}.{index:06d}"
             s.add(Shard(id=sid, batch_id=batch_id, index=index, rows=rows,
-                        object_key=keys.shard_input(batch_id, index)))
+                        object_key=keys.shard_input(batch_id, index), dispatched_at=sent_at))
             shard_ids.append(sid)
         tier = b.service_tier
     if shard_ids:
-        ctx.dispatcher.shards(shard_ids, tier)
+        fairshare.after_validation(ctx, shard_ids, tier)
     else:
         ctx.dispatcher.finalize(batch_id)
 

@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     spot_notice_s: float = 30.0
     completion_window: str = "24h"
 
+    # Fair dispatch of batch shards (jobs/fairshare.py). Shards wait in the database;
+    # each batch lane's broker queue holds about its live worker slots plus this
+    # margin, and the next shard is picked by weighted deficit round robin across
+    # projects (earliest deadline first within one). Off: every shard is sent to the
+    # broker at validation, in arrival order (FIFO).
+    fair_dispatch: bool = True
+    dispatch_margin: int = 1
+
     # Engine batch policy: micro-batches are length-bucketed and capped by
     # padded tokens (rows x longest row) and by rows.
     max_batch_tokens: int = 8192
@@ -91,6 +99,34 @@ class Settings(BaseSettings):
     # first races the client's next request on that connection.
     api_keepalive_s: int = 75
     log_level: str = "INFO"
+
+    # Rate limits (jobs/limits.py), decided in Redis per project and model. A project's
+    # rate_limits row wins; a missing row or a NULL column takes these defaults, where 0
+    # is unlimited (requests and tokens per minute are then still counted, against
+    # rate_limit_unlimited, for the x-ratelimit-* headers).
+    default_max_requests_per_1_minute: int = Field(default=0, ge=0)
+    default_max_tokens_per_1_minute: int = Field(default=0, ge=0)
+    default_max_requests_per_1_day: int = Field(default=0, ge=0)
+    default_batch_1_day_max_input_tokens: int = Field(default=0, ge=0)
+    default_max_concurrent_streams: int = Field(default=0, ge=0)
+    # Tokens a generation that names no max_tokens reserves for its output (corrected
+    # to the real count when it ends).
+    rate_limit_default_max_tokens: int = Field(default=1024, ge=1)
+    # A stream's slot is a lease renewed while it runs: a dead API process frees it
+    # within this time.
+    stream_lease_s: float = Field(default=30.0, gt=0)
+    rate_limit_redis_url: str = ""  # empty: the service's Redis (INFERQ_REDIS_URL)
+
+    # The Admin API (api/admin.py). OpenAI's rate-limit object requires a number for
+    # requests and tokens per minute: a project with no such limit reports this.
+    rate_limit_unlimited: int = 1_000_000_000
+
+    # Usage and cost (jobs/usage.py): a record's cost is its accelerator-seconds times
+    # the model's price per accelerator-hour (usage_model_prices, {model: USD}, else
+    # the default), times usage_flex_multiplier on the flex tier.
+    usage_price_per_accelerator_hour: float = Field(default=2.0, ge=0)
+    usage_model_prices: dict[str, float] = Field(default_factory=dict)
+    usage_flex_multiplier: float = Field(default=0.5, gt=0, le=1)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

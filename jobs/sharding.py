@@ -26,6 +26,7 @@ import orjson
 from jobs import outputs
 from jobs.catalog import Catalog
 from jobs.errors import InvalidRequest, shown
+from jobs.limits import prompt_tokens
 from jobs.requests import (
     CHAT,
     COMPLETIONS,
@@ -56,6 +57,7 @@ class ShardPlan:
     model: str | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
     error_count: int = 0
+    input_tokens: int = 0  # an upper bound of the valid requests' prompt tokens
 
     def fail(self, code: str, message: str, line: int | None, param: str | None = None) -> None:
         self.error_count += 1
@@ -142,10 +144,12 @@ class _Sharder:
                 raise InvalidRequest("stream is not available in a batch", param="stream")
         try:
             clean: dict[str, Any] = req.model_dump(mode="json", exclude_unset=True)
-            return orjson.dumps(clean).decode(), text_length(clean)
+            text, length = orjson.dumps(clean).decode(), text_length(clean)
         except (TypeError, ValueError):  # e.g. bytes that are not UTF-8, in an extra field
             raise InvalidRequest("the request holds a value JSON cannot hold (binary data "
                                  "that is not UTF-8 text, say); send text") from None
+        self.plan.input_tokens += prompt_tokens(self.endpoint, clean)
+        return text, length
 
     def flush(self) -> None:
         if not self.rows or self.plan.error_count:

@@ -193,6 +193,16 @@ def other_tenant_key(ctx: Context) -> str:
 
 
 @pytest.fixture(scope="session")
+def admin_key(ctx: Context) -> str:
+    """A key of the Admin API (/v1/organization/...) on the session's database."""
+    from jobs import service
+
+    key = f"iq-admin-{secrets.token_urlsafe(16)}"
+    service.ensure_admin_key(ctx, key)
+    return key
+
+
+@pytest.fixture(scope="session")
 def app(settings: Settings):  # type: ignore[no-untyped-def]
     from api import create_app
 

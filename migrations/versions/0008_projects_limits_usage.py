@@ -6,9 +6,11 @@ name, an owning service account, a suffix for their redacted value, ``last_used_
 and ``expires_at``. ``admin_api_keys`` holds the keys of the Admin API.
 ``rate_limits`` holds a project's limits per model. ``usage_records`` is billable
 work, one row per counted unit (``source`` unique, so nothing is counted twice).
-Batches and jobs record the key that created them. ``shards.dispatched_at`` is set
-when the fair dispatcher sends a shard to its broker queue; existing shards were sent
-at validation, so they start dispatched.
+Batches and jobs record the key that created them; a batch records an upper bound
+of its input tokens (``input_tokens``, for the daily batch token limit).
+``shards.dispatched_at`` is set when the fair dispatcher sends a shard to its broker
+queue; existing shards were sent at validation, so they start dispatched.
+``dispatch_deficits`` holds each batch lane's deficit round robin across projects.
 
 Revision ID: 0008
 Revises: 0007
@@ -102,14 +104,34 @@ def upgrade() -> None:
     op.create_index("ix_usage_records_tenant_id_created_at", "usage_records",
                     ["tenant_id", "created_at"])
     op.add_column("batches", sa.Column("api_key_id", sa.String(length=40), nullable=True))
+    op.add_column("batches", sa.Column("input_tokens", sa.BigInteger(), server_default="0",
+                                       nullable=False))
     op.add_column("jobs", sa.Column("api_key_id", sa.String(length=40), nullable=True))
     op.add_column("shards", sa.Column("dispatched_at", sa.Float(), nullable=True))
     op.execute("UPDATE shards SET dispatched_at = updated_at")
+    op.add_column("shards", sa.Column("created_at", sa.Float(), nullable=True))
+    op.add_column("shards", sa.Column("claimed_at", sa.Float(), nullable=True))
+    op.create_index("ix_shards_waiting", "shards", ["batch_id", "index"],
+                    postgresql_where=sa.text("dispatched_at IS NULL AND status = 'queued'"))
+    op.create_table(
+        "dispatch_deficits",
+        sa.Column("lane", sa.String(length=16), nullable=False),
+        sa.Column("tenant_id", sa.String(length=40), nullable=False),
+        sa.Column("deficit", sa.BigInteger(), nullable=False),
+        sa.Column("position", sa.Integer(), nullable=False),
+        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("lane", "tenant_id"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("dispatch_deficits")
+    op.drop_index("ix_shards_waiting", table_name="shards")
+    op.drop_column("shards", "claimed_at")
+    op.drop_column("shards", "created_at")
     op.drop_column("shards", "dispatched_at")
     op.drop_column("jobs", "api_key_id")
+    op.drop_column("batches", "input_tokens")
     op.drop_column("batches", "api_key_id")
     op.drop_index("ix_usage_records_tenant_id_created_at", table_name="usage_records")
     op.drop_index("ix_usage_records_created_at", table_name="usage_records")

@@ -24,7 +24,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "inference.completions": {"model": "SmolLM2-135M-Instruct", "prompt": "hi"},
     "jobs.create": {"endpoint": "/v1/chat/completions", "body": CHAT},
 }
-LISTS = ("batches.list_", "files.list_")
+LISTS = ("batches.list_", "files.list_", "admin.list_projects")
 CREATES = ("batches.create", "files.create", "jobs.create")
 ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must be added
     ("POST", "/v1/files"): "files.create", ("GET", "/v1/files"): "files.list_",
@@ -41,6 +41,33 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("GET", "/v1/models"): "models.list_", ("GET", "/v1/models/<path:model_id>"): "models.retrieve",
     ("GET", "/healthz"): "health.healthz", ("GET", "/readyz"): "health.readyz",
     ("GET", "/metrics"): "health.metrics", ("GET", "/openapi.json"): "openapi.openapi",
+    # the Admin API (admin key: see send)
+    ("POST", "/v1/organization/projects"): "admin.create_project",
+    ("GET", "/v1/organization/projects"): "admin.list_projects",
+    ("GET", "/v1/organization/projects/<project_id>"): "admin.retrieve_project",
+    ("POST", "/v1/organization/projects/<project_id>"): "admin.update_project",
+    ("POST", "/v1/organization/projects/<project_id>/archive"): "admin.archive_project",
+    ("POST", "/v1/organization/projects/<project_id>/service_accounts"):
+        "admin.create_service_account",
+    ("GET", "/v1/organization/projects/<project_id>/service_accounts"):
+        "admin.list_service_accounts",
+    ("GET", "/v1/organization/projects/<project_id>/service_accounts/<service_account_id>"):
+        "admin.retrieve_service_account",
+    ("DELETE", "/v1/organization/projects/<project_id>/service_accounts/<service_account_id>"):
+        "admin.delete_service_account",
+    ("POST", "/v1/organization/projects/<project_id>/service_accounts/<service_account_id>"
+             "/api_keys"): "admin.create_key",
+    ("GET", "/v1/organization/projects/<project_id>/api_keys"): "admin.list_keys",
+    ("GET", "/v1/organization/projects/<project_id>/api_keys/<api_key_id>"):
+        "admin.retrieve_key",
+    ("DELETE", "/v1/organization/projects/<project_id>/api_keys/<api_key_id>"):
+        "admin.delete_key",
+    ("GET", "/v1/organization/projects/<project_id>/rate_limits"): "admin.list_rate_limits",
+    ("POST", "/v1/organization/projects/<project_id>/rate_limits/<rate_limit_id>"):
+        "admin.update_rate_limit",
+    ("GET", "/v1/organization/usage/completions"): "usage.completions",
+    ("GET", "/v1/organization/usage/embeddings"): "usage.embeddings",
+    ("GET", "/v1/organization/costs"): "usage.costs",
 }
 
 
@@ -246,9 +273,13 @@ CASES = [pytest.param(kind, r.method, r.path, id=f"{kind}-{r.method} {r.path}")
          for kind, (applies, _, _) in KINDS.items() for r in route_requests() if applies(r)]
 
 
-def send(client: Any, r: Req) -> Any:
+def send(client: Any, r: Req, admin_key: str | None = None) -> Any:
+    """``admin_key``: the key Admin API routes get unless the request sets its own."""
     url = r.path + (f"?{r.query}" if r.query else "")
-    return client.open(url, method=r.method, headers=r.headers, data=r.data,
+    headers = r.headers
+    if admin_key and r.path.startswith("/v1/organization/") and "Authorization" not in headers:
+        headers = {**headers, "Authorization": f"Bearer {admin_key}"}
+    return client.open(url, method=r.method, headers=headers, data=r.data,
                        content_type=r.content_type)
 
 
@@ -272,7 +303,9 @@ def ids(app, tenant_key, other_tenant_key) -> dict[str, str]:  # type: ignore[no
     job = other.post("/v1/jobs", json={"endpoint": "/v1/embeddings", "body": EMB})
     assert job.status_code == 200, job.get_data(as_text=True)
     return {"file_id": fid, "batch_id": bid, "job_id": job.get_json()["id"],
-            "model_id": "batch_" + "0" * 20, "other_list_item": bid}
+            "model_id": "batch_" + "0" * 20, "other_list_item": bid,
+            # the admin key sees every project: an id of none
+            "project_id": "proj_" + "0" * 26}
 
 
 def test_the_table_covers_every_route(app) -> None:  # type: ignore[no-untyped-def]
@@ -282,14 +315,15 @@ def test_the_table_covers_every_route(app) -> None:  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("kind,method,path", CASES)
-def test_bad_input_is_a_client_error(client, ids, kind: str, method: str, path: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_a_client_error(client, ids, admin_key, kind: str, method: str,  # type: ignore[no-untyped-def]
+                                     path: str) -> None:
     _, build, status = KINDS[kind]
     r = build(Req(method, path, ROUTES[(method, path)]), ids)
     if kind == "after_other_tenant" and r.view == "files.list_":
         r.query = f"after={ids['file_id']}"
     if r.arg:  # kinds about other parts of the request: any id will do
         r.path = r.path.replace(f"<{'path:' if r.arg == 'model_id' else ''}{r.arg}>", "x_1")
-    resp = send(client, r)
+    resp = send(client, r, admin_key)
     assert 400 <= resp.status_code < 500, resp.get_data(as_text=True)[:500]
     if status is not None:
         assert resp.status_code == status, resp.get_data(as_text=True)[:500]
@@ -299,16 +333,17 @@ def test_bad_input_is_a_client_error(client, ids, kind: str, method: str, path: 
 
 
 @pytest.mark.parametrize("method,path", list(ROUTES))
-def test_junk_a_route_does_not_read_changes_nothing(client, ids, method: str, path: str) -> None:  # type: ignore[no-untyped-def]
+def test_junk_a_route_does_not_read_changes_nothing(client, ids, admin_key, method: str,  # type: ignore[no-untyped-def]
+                                                    path: str) -> None:
     """Unknown query parameters and headers with NUL, control and non-ASCII characters
     are ignored: the answer is the one the route gives without them."""
     r = Req(method, path, ROUTES[(method, path)])
     if r.arg:
         r.path = r.path.replace(f"<{'path:' if r.arg == 'model_id' else ''}{r.arg}>",
                                 "all-MiniLM-L6-v2" if r.arg == "model_id" else "x_unknown")
-    clean = send(client, r)
+    clean = send(client, r, admin_key)
     r.query, r.headers = "x=%00%ff&y=\x01", {"X-Junk": "\x00\x7f\xff", "Accept": "\x00"}
-    junk = send(client, r)
+    junk = send(client, r, admin_key)
     assert junk.status_code == clean.status_code, junk.get_data(as_text=True)[:500]
     assert junk.status_code < 500 or path in ("/healthz", "/readyz")
     if junk.status_code >= 400 and path.startswith("/v1/"):

@@ -105,7 +105,9 @@ def test_up_writes_where_its_stack_is(up: Up) -> None:
 
 
 def test_admin_commands_find_the_stack(up: Up) -> None:
-    key = up.ok("create-key", "team-a").strip()
+    project = up.ok("projects", "create", "team-a").strip()
+    assert project.startswith("proj_")
+    key = up.ok("keys", "create", "--project", project).strip()
     assert key.startswith("iq-")
     assert "all-MiniLM-L6-v2" in up.ok("models", "list")
     assert "latest revision" in up.ok("migrate")
@@ -118,9 +120,64 @@ def test_admin_commands_find_the_stack(up: Up) -> None:
 def test_database_commands_need_only_the_database_url(up: Up, tmp_path: Path) -> None:
     db = json.loads((up.data_dir / "stack.json").read_text())["database_url"]
     elsewhere = {"INFERQ_DATA_DIR": str(tmp_path / "no-stack-here"), "INFERQ_DATABASE_URL": db}
-    assert up.run("create-key", "team-db-only", **elsewhere).stdout.startswith("iq-")
+    made = up.run("admin-key", "--name", "ops", **elsewhere)
+    assert made.returncode == 0 and made.stdout.startswith("iq-admin-"), made.stderr
+    api = f"http://127.0.0.1:{up.port}/v1"  # the new admin key works on the API
+    assert "ID" in up.ok("projects", "list", "--admin-key", made.stdout.strip(),
+                         "--api-url", api)
     p = up.run("models", "list", **elsewhere)
     assert p.returncode == 0 and "all-MiniLM-L6-v2" in p.stdout, p.stderr
+
+
+def test_projects_keys_limits_and_usage(up: Up, tmp_path: Path) -> None:
+    """The admin commands, with the admin key `inferq up` wrote to the data dir."""
+    admin_file = up.data_dir / "admin-api-key"
+    assert admin_file.stat().st_mode & 0o777 == 0o600
+    assert admin_file.read_text() != (up.data_dir / "dev-api-key").read_text()
+
+    project = up.ok("projects", "create", "team-cli", "--weight", "3").strip()
+    listed = [x.split() for x in up.ok("projects", "list").splitlines()]
+    assert [project, "team-cli", "active", "3"] in [x[:4] for x in listed]
+    made = up.run("keys", "create", "--project", project, "--name", "etl")
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    key_id = made.stderr.split()[1]
+    assert key.startswith("iq-") and key_id.startswith("key_")
+    keys = up.ok("keys", "list", "--project", project)
+    assert key_id in keys and key[-4:] in keys and key not in keys
+
+    out = up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2",
+                "--rpm", "100", "--rpd", "5000", "--max-streams", "2")
+    assert out.splitlines()[1].split()[:4] == ["all-MiniLM-L6-v2", "100", "1000000000", "5000"]
+    up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2", "--rpd", "none")
+    row = [x.split() for x in up.ok("limits", "list", "--project", project).splitlines()
+           if x.startswith("all-MiniLM-L6-v2")]
+    assert row == [["all-MiniLM-L6-v2", "100", "1000000000", "-", "-", "2"]]
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([emb_line(i, f"usage {i}") for i in range(5)]))
+    assert "completed (5 completed" in up.ok("submit", str(inp), "--api-key", key, "--wait")
+    shown = up.ok("usage", "--start", "1h", "--kind", "embeddings", "--group-by", "project_id")
+    rows = [x.split() for x in shown.splitlines() if project in x]
+    assert rows and sum(int(r[-2]) for r in rows) == 5, shown  # REQUESTS
+    shown = up.ok("usage", "--start", "1h")
+    assert "completions:" in shown and "embeddings:" in shown and "costs:" in shown
+
+    assert key_id in up.ok("keys", "revoke", "--project", project, key_id)
+    one_line_error(up.run("status", "batch_x", "--api-key", key), "refused the API key",
+                   "keys create")
+    one_line_error(up.run("keys", "list", "--project", "proj_nope"), "No such project",
+                   "404")
+    one_line_error(up.run("keys", "revoke", "--project", project, key_id), "404")
+    assert "archived" in up.ok("projects", "archive", project)
+    one_line_error(up.run("keys", "create", "--project", project), "archived", "409")
+    assert project not in up.ok("projects", "list")
+    assert project in up.ok("projects", "list", "--all")
+    one_line_error(up.run("projects", "list", "--admin-key", "iq-admin-wrong"),
+                   "refused the admin key", "--admin-key")
+    dev_key = (up.data_dir / "dev-api-key").read_text().strip()
+    one_line_error(up.run("projects", "list", INFERQ_ADMIN_KEY=dev_key),
+                   "cannot use the Admin API", "403")
 
 
 def test_submit_status_results(up: Up, tmp_path: Path) -> None:
@@ -190,7 +247,7 @@ def test_a_failed_batch_says_why_once(up: Up, tmp_path: Path) -> None:
 def test_user_errors_are_one_line(up: Up, tmp_path: Path) -> None:
     one_line_error(up.run("status", "batch_nope"), "No such Batch", "404")
     one_line_error(up.run("results", "batch_nope", "-o", str(tmp_path / "x.jsonl")), "404")
-    one_line_error(up.run("status", "batch_nope", "--api-key", "iq-wrong"), "create-key")
+    one_line_error(up.run("status", "batch_nope", "--api-key", "iq-wrong"), "keys create")
     unreachable = f"http://127.0.0.1:{free_port()}/v1"
     one_line_error(up.run("status", "batch_nope", "--api-url", unreachable),
                    "cannot reach", unreachable, "inferq up")
@@ -201,9 +258,9 @@ def test_user_errors_are_one_line(up: Up, tmp_path: Path) -> None:
                    "Parquet inputs only")
     one_line_error(up.run("submit", str(inp), "--idempotency-key", "k" * 251),
                    "--idempotency-key", "1 to 250")
-    one_line_error(up.run("create-key", "t" * 201), "TENANT", "1 to 200")
+    one_line_error(up.run("projects", "create", "t" * 201), "NAME", "1 to 200")
     elsewhere = tmp_path / "no-stack-here"  # no `inferq up` on this data dir
-    for cmd in (["create-key", "x"], ["models", "list"], ["migrate"]):
+    for cmd in (["projects", "list"], ["models", "list"], ["migrate"]):
         one_line_error(up.run(*cmd, INFERQ_DATA_DIR=str(elsewhere)), "inferq up")
     one_line_error(up.run("status", "batch_x", INFERQ_DATA_DIR=str(elsewhere)), "API key")
     elsewhere.mkdir(exist_ok=True)
@@ -271,6 +328,10 @@ def test_up_stops_cleanly_and_printed_no_warnings(up: Up) -> None:
     up.proc.send_signal(signal.SIGINT)
     assert up.proc.wait(60) == 0
     assert not (up.data_dir / "stack.json").exists()
+    assert up.proc.stdout is not None
+    told = up.proc.stdout.read()  # after the first line, which the fixture read
+    admin_key = (up.data_dir / "admin-api-key").read_text().strip()
+    assert f"admin key:    {admin_key}" in told and "OPENAI_ADMIN_KEY" in told, told
     printed = up.stderr.read_text()
     assert "Warning" not in printed and "Traceback" not in printed, printed
     one_line_error(up.run("models", "list"), "no inferq stack", "inferq up")

@@ -86,8 +86,7 @@ def test_a_stack_on_a_taken_port_starts_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "named", "not_named"), [
-    (["create-key", "team"], ["INFERQ_DATABASE_URL"],
-     ["INFERQ_REDIS_URL", "INFERQ_OBJECT_STORE_URL"]),
+    (["admin-key"], ["INFERQ_DATABASE_URL"], ["INFERQ_REDIS_URL", "INFERQ_OBJECT_STORE_URL"]),
     (["models", "list"], ["INFERQ_DATABASE_URL"],
      ["INFERQ_REDIS_URL", "INFERQ_OBJECT_STORE_URL"]),
     (["migrate"], ["INFERQ_DATABASE_URL", "INFERQ_OBJECT_STORE_URL"], ["INFERQ_REDIS_URL"]),
@@ -98,23 +97,75 @@ def test_a_command_asks_only_for_the_backends_it_uses(run, args: list[str], name
     assert not [x for x in not_named if x in err], err
 
 
-@pytest.mark.parametrize("args", [["create-key", "team"], ["models", "list"]])
+@pytest.mark.parametrize("args", [["admin-key"], ["models", "list"]])
 def test_a_database_url_is_enough_for_database_commands(run, args: list[str]) -> None:  # type: ignore[no-untyped-def]
     nobody = f"postgresql+psycopg://inferq@127.0.0.1:{free_port()}/inferq"
     # past the check: the command goes to that database (where nothing listens)
     one_line(run(*args, INFERQ_DATABASE_URL=nobody), "cannot reach the database")
 
 
-# create-key's tenant name ----------------------------------------------------------
+# the admin commands ----------------------------------------------------------------
+
+ADMIN_COMMANDS = [["projects", "create", "team"], ["projects", "list"],
+                  ["projects", "archive", "proj_x"], ["keys", "create", "--project", "proj_x"],
+                  ["keys", "list", "--project", "proj_x"],
+                  ["keys", "revoke", "--project", "proj_x", "key_x"],
+                  ["limits", "set", "--project", "proj_x", "--model", MODEL, "--rpm", "5"],
+                  ["limits", "list", "--project", "proj_x"], ["usage"]]
+
+
+@pytest.mark.parametrize("args", ADMIN_COMMANDS, ids=" ".join)
+def test_an_admin_command_needs_an_admin_key(run, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    one_line(run(*args), "no admin key", "--admin-key", "INFERQ_ADMIN_KEY", "inferq up")
+
+
+@pytest.mark.parametrize("args", ADMIN_COMMANDS, ids=" ".join)
+def test_an_admin_command_talks_to_the_api(run, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    nowhere = f"http://127.0.0.1:{free_port()}/v1"
+    one_line(run(*args, "--admin-key", "iq-admin-x", "--api-url", nowhere), "cannot reach",
+             nowhere)
+    # the key can come from the environment, the API URL too
+    one_line(run(*args, INFERQ_ADMIN_KEY="iq-admin-x", INFERQ_API_URL=nowhere), "cannot reach")
 
 
 @pytest.mark.parametrize("name", ["x" * 201, "a\x00b", "", "   ", "tab\there", "\udcff"])
-def test_a_bad_tenant_name_is_a_usage_error(run, name: str) -> None:  # type: ignore[no-untyped-def]
-    one_line(run("create-key", name), "TENANT", "1 to 200 printable characters", code=2)
+def test_a_bad_project_name_is_a_usage_error(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    one_line(run("projects", "create", name), "NAME", "1 to 200 printable characters", code=2)
+    one_line(run("keys", "create", "--project", "proj_x", "--name", name), "--name",
+             "1 to 200 printable characters", code=2)
 
 
-def test_a_tenant_name_of_200_characters_is_accepted(run) -> None:  # type: ignore[no-untyped-def]
-    one_line(run("create-key", "é" * 200), "no inferq stack")  # past the name check
+def test_a_project_name_of_200_characters_is_accepted(run) -> None:  # type: ignore[no-untyped-def]
+    one_line(run("projects", "create", "é" * 200), "no admin key")  # past the name check
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["limits", "set", "--project", "p", "--model", MODEL], ["at least one of", "--rpm"]),
+    (["limits", "set", "--project", "p", "--model", MODEL, "--rpm", "x"], ["--rpm", "'x'"]),
+    (["limits", "set", "--project", "p", "--model", MODEL, "--tpm", "-3"], ["--tpm"]),
+    (["limits", "set", "--project", "p", "--model", MODEL, "--rpd", "1e9"], ["--rpd"]),
+    (["usage", "--start", "yesterday"], ["--start", "24h"]),
+    (["usage", "--bucket", "5m"], ["--bucket"]),
+    (["usage", "--group-by", "user_id"], ["--group-by"]),
+    (["projects", "create", "x", "--weight", "0"], ["--weight"]),
+    (["keys", "revoke", "key_x"], ["--project"]),
+])
+def test_admin_arguments_are_checked_before_anything_is_sent(run, args: list[str],  # type: ignore[no-untyped-def]
+                                                             words: list[str]) -> None:
+    one_line(run(*args, "--admin-key", "iq-admin-x"), *words, code=2)
+
+
+def test_times_and_limit_values() -> None:
+    import time
+
+    from cli.admin import LimitValue, parse_time
+
+    assert parse_time("1700000000", "--start") == 1700000000
+    assert parse_time("2024-01-02", "--start") == 1704153600
+    assert parse_time("2024-01-02T01:00:00+01:00", "--start") == 1704153600
+    assert abs(parse_time("2h", "--start") - (time.time() - 7200)) < 5
+    lv = LimitValue()
+    assert lv.convert("none", None, None) is None and lv.convert("12", None, None) == 12
 
 
 # submit's arguments -------------------------------------------------------------------
