@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from celery import Celery
 
+from jobs import fairshare
 from jobs.context import Context
-from jobs.dispatch import lane_queues
+from jobs.dispatch import lane_for, lane_queues
 from jobs.models import Batch
 from jobs.status import RESUMED_ELSEWHERE, ShardOutcome
 
@@ -29,18 +30,21 @@ SHARD_QUEUES = ("batch", "flex")
 def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], bool]
               ) -> ShardOutcome:
     """Run the shard from its checkpoint, then send what follows: the batch's finalize
-    if it was the last shard, or the shard again if another worker must resume it."""
+    if it was the last shard, or the shard again if another worker must resume it
+    (it keeps its place: still dispatched), and then the lane's next shards by fair
+    dispatch (jobs/fairshare.py), before this message is acknowledged."""
     from workers import pipeline
 
     ctx = rt.ctx
     result = pipeline.process_shard(ctx, rt.runner_for, shard_id, rt.name,
                                     stop_requested=stop_requested, healthy=rt.breaker.allow)
     batch_id = shard_id.rsplit(".", 1)[0]
+    tier = service_tier(ctx, batch_id)
     if result.finalize:
         ctx.dispatcher.finalize(batch_id)
     elif result.outcome in RESUMED_ELSEWHERE:
-        ctx.dispatcher.shards([shard_id], service_tier(ctx, batch_id),
-                              countdown=result.retry_in_s)
+        ctx.dispatcher.shards([shard_id], tier, countdown=result.retry_in_s)
+    fairshare.dispatch_quietly(ctx, lane_for(tier))
     return result.outcome
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from jobs.usage import split
 from workers.batching import BatchPolicy
 
 REALTIME, JOBS, BATCH, FLEX = 0, 1, 2, 3
@@ -28,11 +29,18 @@ class Model(Protocol):
     def embed(self, batch: list[list[int]]) -> np.ndarray: ...
 
 
+class RowFuture(Future[np.ndarray]):
+    """A row's vector, and ``seconds``: its share of the forward pass that computed it
+    (the pass's time split among its rows by their real tokens), set before the result."""
+
+    seconds: float = 0.0
+
+
 @dataclass
 class _Item:
     seq: int
     tokens: list[int]
-    future: Future[np.ndarray]
+    future: RowFuture
 
 
 @dataclass
@@ -72,9 +80,9 @@ class EmbeddingEngine:
         self._thread = threading.Thread(target=self._loop, name="inferq-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, token_lists: list[list[int]], priority: int) -> list[Future[np.ndarray]]:
+    def submit(self, token_lists: list[list[int]], priority: int) -> list[RowFuture]:
         """Queue rows; each future resolves to that row's vector (or its exception)."""
-        items = [_Item(next(self._seq), t, Future()) for t in token_lists]
+        items = [_Item(next(self._seq), t, RowFuture()) for t in token_lists]
         with self._cond:
             self._pending.setdefault(priority, []).extend(items)
             self._cond.notify()
@@ -166,16 +174,24 @@ class EmbeddingEngine:
         st.by_priority[prio] = st.by_priority.get(prio, 0) + len(live)
         if self.on_batch is not None:
             self.on_batch(len(live), real, computed, dt)
-        for it, vec in zip(live, out, strict=True):
+        # Time of passes that ran out of memory is not charged: only the pass that
+        # computed a row is, split by real tokens (padding is the batch's, not a row's).
+        for it, vec, share in zip(live, out, split(dt, [len(b) for b in batch]), strict=True):
+            it.future.seconds = share
             it.future.set_result(vec)
 
 
-def when_all_done(futures: list[Future[np.ndarray]], callback: Callable[[], object]) -> None:
+def seconds_of(futures: Sequence[Future[Any]]) -> float:
+    """The accelerator-seconds of a request's rows (0 for futures of another kind)."""
+    return sum(getattr(f, "seconds", 0.0) for f in futures)
+
+
+def when_all_done(futures: Sequence[Future[Any]], callback: Callable[[], object]) -> None:
     """Call ``callback`` once, on the thread that completes the last of ``futures``."""
     remaining = [len(futures)]
     lock = threading.Lock()
 
-    def one_done(_: Future[np.ndarray]) -> None:
+    def one_done(_: Future[Any]) -> None:
         with lock:
             remaining[0] -= 1
             if remaining[0]:

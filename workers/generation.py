@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
+from jobs.usage import split
 from workers.embedding_engine import is_oom, too_large
 from workers.generation_request import GenRequest
 from workers.runtime.chat import KV, ChatModel
@@ -48,7 +49,11 @@ class FinishReason(StrEnum):
 
 
 class Sink(Protocol):
-    """Receives a sequence's output; called on the engine thread, must not block."""
+    """Receives a sequence's output; called on the engine thread, must not block.
+
+    A sink may also have ``abandoned(usage)``: called, instead of ``finish``, with
+    what the sequence used when the engine drops it because ``cancelled()`` is true
+    (a stream whose client went away is billed for what was generated)."""
 
     def start(self) -> None: ...
     def delta(self, text: str) -> None: ...
@@ -62,6 +67,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     batch_rows: int  # the most rows of any engine step this sequence was part of
+    # Its share of the engine steps it took part in: each step's time split among the
+    # step's sequences by their tokens in it (a prefill's length, 1 for a decode).
+    accelerator_s: float = 0.0
 
 
 @dataclass
@@ -77,6 +85,10 @@ class _Seq:
     done: bool = False
     rows: int = 0
     started: bool = False
+    accel_s: float = 0.0  # accelerator-seconds charged so far
+
+    def usage(self) -> Usage:
+        return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s)
 
     def tokens(self) -> list[int]:
         """What a (re)starting prefill runs: the prompt plus anything generated."""
@@ -122,6 +134,7 @@ class GenerationEngine:
         self._kv: KV | None = None
         self._fit_rows: int | None = None  # rows that fitted when memory last ran out
         self._clean_steps = 0
+        self._finishing: list[tuple[_Seq, FinishReason]] = []  # told at the step's end
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
@@ -194,8 +207,34 @@ class GenerationEngine:
         return out
 
     def step(self, admitted: list[_Seq]) -> None:
-        """One engine step: prefill the admitted, then decode every running sequence."""
+        """One engine step: prefill the admitted, then decode every running sequence.
+
+        The step's time is charged to the sequences it computed (``_settle``) before
+        the ones that finished in it are told, so their usage includes this step."""
         t0 = time.perf_counter()
+        charged: list[tuple[_Seq, int]] = []
+        try:
+            rows = self._step(admitted, charged)
+        finally:
+            dt = time.perf_counter() - t0
+            self._settle(charged, dt)
+        self.stats.steps += 1
+        self.stats.step_s += dt
+        self.stats.recent_steps.append(dt)
+        self.stats.max_rows = max(self.stats.max_rows, rows)
+        if self.on_step is not None:
+            self.on_step(rows, dt)
+
+    def _settle(self, charged: list[tuple[_Seq, int]], dt: float) -> None:
+        """Split the step's ``dt`` among ``charged`` (sequence, its tokens in the step),
+        then deliver the step's finishes."""
+        for (s, _), share in zip(charged, split(dt, [w for _, w in charged]), strict=True):
+            s.accel_s += share
+        finishing, self._finishing = self._finishing, []
+        for s, reason in finishing:
+            s.sink.finish(reason, s.usage())
+
+    def _step(self, admitted: list[_Seq], charged: list[tuple[_Seq, int]]) -> int:
         self._drop_cancelled()
         prev = self._running
         joined: list[_Seq] = []
@@ -210,6 +249,7 @@ class GenerationEngine:
             for group, logits, kv in self._prefill(admitted, bool(prev), deferred):
                 for s in group:
                     s.pos = len(s.tokens())
+                    charged.append((s, s.pos))
                 self._advance(group, logits)
                 new_kv = KV.concat(new_kv, kv)
                 joined += group
@@ -231,6 +271,7 @@ class GenerationEngine:
                 self._kv = kv
                 for s in prev:
                     s.pos += 1
+                    charged.append((s, 1))
                 self._advance(prev, logits)
         if new_kv is not None:
             self._kv = KV.concat(self._kv if prev else None, new_kv)
@@ -240,13 +281,7 @@ class GenerationEngine:
         rows = len(self._running)
         self._reap()
         self._grow_back(oom)
-        dt = time.perf_counter() - t0
-        self.stats.steps += 1
-        self.stats.step_s += dt
-        self.stats.recent_steps.append(dt)
-        self.stats.max_rows = max(self.stats.max_rows, rows)
-        if self.on_step is not None:
-            self.on_step(rows, dt)
+        return rows
 
     # Out of memory ---------------------------------------------------------------------
     def _prefill(self, seqs: list[_Seq], crowded: bool, deferred: list[_Seq]
@@ -341,12 +376,17 @@ class GenerationEngine:
         s.done = True
         if drop_last:
             self._emit(s, self.model.decode(s.generated[:-1]))
-        s.sink.finish(reason, Usage(len(s.req.prompt), len(s.generated), s.rows))
+        self._finishing.append((s, reason))
 
     def _drop_cancelled(self) -> None:
+        """Drop sequences whose caller went away; a sink that bills abandoned work
+        (``abandoned(usage)``) is told what the sequence used until then."""
         for s in self._running:
             if not s.done and s.sink.cancelled():
                 s.done = True
+                abandoned = getattr(s.sink, "abandoned", None)
+                if abandoned is not None:
+                    abandoned(s.usage())
         self._reap()
 
     def _reap(self) -> None:

@@ -5,7 +5,8 @@ each result is written back to its job row.
 Leases on the rows say which worker holds a job; this consumer renews the leases of
 the jobs it has in flight and re-pushes jobs whose holder died. Every claimed job
 ends with its result or its error written, or is let go (no longer renewed) so that
-recovery runs it again.
+recovery runs it again. A job's usage record (``job:<id>``) is inserted in the
+transaction that stores its result, so a job run twice is billed once.
 """
 
 from __future__ import annotations
@@ -15,20 +16,19 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-import numpy as np
 import orjson
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from jobs import asyncjobs, shapes
+from jobs import asyncjobs, shapes, usage
 from jobs.context import Context
 from jobs.errors import InferqError
 from jobs.models import Job
 from jobs.outputs import dumps
 from jobs.requests import CHAT, EMBEDDINGS, EmbeddingsBody, parse_embeddings
-from workers.embedding_engine import JOBS, EmbeddingEngine, when_all_done
+from workers.embedding_engine import JOBS, EmbeddingEngine, RowFuture, seconds_of, when_all_done
 from workers.generation import Collect, GenerationEngine
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
@@ -131,14 +131,14 @@ class JobsConsumer(threading.Thread):
             self.finish_embeddings, job, req, futures, sum(map(len, ids))))
 
     def finish_embeddings(self, job: Job, req: EmbeddingsBody,
-                          futures: list[Future[np.ndarray]], ntok: int) -> None:
+                          futures: list[RowFuture], ntok: int) -> None:
         try:
             body = embeddings_body(req, [f.result() for f in futures], ntok)
             result = orjson.loads(dumps(body))
         except Exception as e:  # noqa: BLE001 - recorded on the job
             self.record(job.id, None, failure(e)[1])
             return
-        self.record(job.id, result, None)
+        self.record(job.id, result, None, self.bill(job, ntok, 0, seconds_of(futures)))
 
     def finish_generation(self, job: Job, c: Collect) -> None:
         if c.error is not None:
@@ -148,7 +148,18 @@ class JobsConsumer(threading.Thread):
         body = build(job.body["model"], c.text, c.reason, c.usage.prompt_tokens,
                      c.usage.completion_tokens)
         body["inferq"] = {"batch_rows": c.usage.batch_rows}
-        self.record(job.id, body, None)
+        u = c.usage
+        self.record(job.id, body, None,
+                    self.bill(job, u.prompt_tokens, u.completion_tokens, u.accelerator_s))
+
+    def bill(self, job: Job, input_tokens: int, output_tokens: int, seconds: float
+             ) -> usage.Entry:
+        """The usage record of a job that succeeded, billed to the key that created it."""
+        return usage.entry(self.ctx.settings, source=f"job:{job.id}", tenant_id=job.tenant_id,
+                           api_key_id=job.api_key_id, kind=usage.kind_of(job.endpoint),
+                           model=str(job.body.get("model", "")), lane=usage.JOBS,
+                           input_tokens=input_tokens, output_tokens=output_tokens,
+                           accelerator_seconds=seconds)
 
     def finish(self, job_id: str, result: dict[str, Any] | None,
                error: dict[str, Any] | None) -> None:
@@ -156,14 +167,14 @@ class JobsConsumer(threading.Thread):
         self.writer.submit(self.record, job_id, result, error)
 
     def record(self, job_id: str, result: dict[str, Any] | None,
-               error: dict[str, Any] | None) -> None:
+               error: dict[str, Any] | None, bill: usage.Entry | None = None) -> None:
         """Write a job's outcome (on the writer pool), then stop renewing its lease.
 
         An outcome the database refuses becomes the job's error; when the database
         cannot be reached the job is let go, and recovery runs it again once its
         lease lapses."""
         try:
-            asyncjobs.complete(self.ctx, job_id, self.token, result, error)
+            asyncjobs.complete(self.ctx, job_id, self.token, result, error, bill)
         except (OperationalError, InterfaceError) as e:
             log.warning("job %s: outcome not written (%s); left to recovery", job_id, e)
         except Exception as e:  # noqa: BLE001 - e.g. a value JSONB cannot hold

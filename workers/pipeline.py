@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import repository as repo
+from jobs import usage
 from jobs.context import Context
 from jobs.models import Batch, Shard
+from jobs.outputs import Tokens
 from jobs.status import ShardOutcome, ShardStatus
 from storage import keys
 from storage.parquet import read_rows
@@ -81,6 +83,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         assert b is not None
         batch_id, attempt, stalls = b.id, sh.attempt, sh.stalls
         endpoint, tier = b.endpoint, b.service_tier
+        payer = Payer(b.tenant_id, b.api_key_id, usage.kind_of(endpoint), b.model or "", tier)
     if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
         return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, ShardOutcome.FAILED,
                         repo.give_up_message(stalls))
@@ -88,7 +91,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
     keeper.start()
     try:
         return _run(ctx, runner_for(endpoint), sh, token, PRIORITY_BY_TIER.get(tier, 2),
-                    stop_requested, healthy, keeper)
+                    stop_requested, healthy, keeper, payer)
     except Exception as e:  # noqa: BLE001 - recorded on the shard, retried with backoff
         log.exception("shard %s attempt %d failed", shard_id, attempt)
         with ctx.db.session() as s:
@@ -106,9 +109,33 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         keeper.done.set()
 
 
+@dataclass(frozen=True)
+class Payer:
+    """Whom a shard's usage is billed to, and as what."""
+
+    tenant_id: str
+    api_key_id: str | None
+    kind: str
+    model: str
+    service_tier: str
+
+    def bill(self, ctx: Context, shard_id: str, batch_id: str, chunk: int, completed: int,
+             tokens: Tokens, seconds: float) -> usage.Entry | None:
+        """The usage record of a committed chunk: its ok lines (None when it has none)."""
+        if completed == 0:
+            return None
+        lane = usage.FLEX if self.service_tier == usage.FLEX else usage.BATCH
+        return usage.entry(ctx.settings, source=f"chunk:{shard_id}:{chunk}",
+                           tenant_id=self.tenant_id, api_key_id=self.api_key_id,
+                           kind=self.kind, model=self.model, lane=lane,
+                           service_tier=self.service_tier, batch_id=batch_id,
+                           num_requests=completed, input_tokens=tokens.prompt,
+                           output_tokens=tokens.completion, accelerator_seconds=seconds)
+
+
 def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
          stop_requested: Callable[[], bool], healthy: Callable[[], bool],
-         keeper: LeaseKeeper) -> ShardResult:
+         keeper: LeaseKeeper, payer: Payer) -> ShardResult:
     st = ctx.settings
     batch_id, index, shard_id, start_chunk = sh.batch_id, sh.index, sh.id, sh.chunks_done
     attempt = sh.attempt  # this claim's: its part keys are its own
@@ -139,10 +166,11 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
                             not_its_fault=True)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok", attempt), ok)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err", attempt), err)
+        bill = payer.bill(ctx, shard_id, batch_id, c, completed, tokens, cur.seconds)
         with ctx.db.session() as s:
             committed = not keeper.lost and repo.checkpoint(
                 s, shard_id, token, attempt, c + 1, len(cur.rows), completed, failed, tokens,
-                st.lease_seconds)
+                st.lease_seconds, bill)
             stopping = committed and repo.batch_stopping(s, batch_id)
         if not committed:
             runner.cancel(nxt)

@@ -3,8 +3,9 @@
 ``submit`` queues a chunk and returns at once (so the next chunk can be queued
 while this one is written); ``collect`` waits for it and returns
 (ok lines, error lines, completed, failed, tokens). ``tokens`` is the usage of
-the ok lines (prompt and generated tokens apart), which the checkpoint records.
-Lines are built by ``jobs.outputs``.
+the ok lines (prompt and generated tokens apart), which the checkpoint records;
+``collect`` also sets the chunk's ``seconds``, the accelerator-seconds of its ok
+lines (what the chunk's usage record bills). Lines are built by ``jobs.outputs``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jobs import outputs, shapes
 from jobs.errors import InferqError
 from jobs.outputs import Tokens
 from jobs.requests import CHAT, parse_embeddings
-from workers.embedding_engine import EmbeddingEngine
+from workers.embedding_engine import EmbeddingEngine, seconds_of
 from workers.generation import Collect, GenerationEngine
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
@@ -38,6 +39,7 @@ class Chunk:
     rows: list[dict[str, Any]]
     # (custom_id, parsed body or the error that refused it, engine handle, input tokens)
     requests: list[tuple[str, Any, Any, int]]
+    seconds: float = 0.0  # accelerator-seconds of the ok lines, set by collect
 
 
 def _refused(custom_id: str, e: InferqError) -> bytes:
@@ -71,7 +73,7 @@ class EmbeddingRunner:
         return Chunk(rows, reqs)
 
     def collect(self, chunk: Chunk) -> Lines:
-        ok, err, tokens = [], [], 0
+        ok, err, tokens, seconds = [], [], 0, 0.0
         for custom_id, body, futures, ntok in chunk.requests:
             if isinstance(body, InferqError):
                 err.append(_refused(custom_id, body))
@@ -83,6 +85,8 @@ class EmbeddingRunner:
                 continue
             ok.append(outputs.ok_line(custom_id, embeddings_body(body, vectors, ntok)))
             tokens += ntok
+            seconds += seconds_of(futures)
+        chunk.seconds = seconds
         return b"".join(ok), b"".join(err), len(ok), len(err), Tokens(tokens)
 
     def cancel(self, chunk: Chunk | None) -> None:
@@ -114,7 +118,7 @@ class GenerationRunner:
         return Chunk(rows, reqs)
 
     def collect(self, chunk: Chunk) -> Lines:
-        ok, err, tokens = [], [], Tokens()
+        ok, err, tokens, seconds = [], [], Tokens(), 0.0
         build = shapes.chat_completion if self.endpoint == CHAT else shapes.text_completion
         for custom_id, body, sink, _ in chunk.requests:
             if isinstance(body, InferqError):
@@ -129,6 +133,8 @@ class GenerationRunner:
             ok.append(outputs.ok_line(custom_id, build(body["model"], c.text, c.reason,
                                                        u.prompt_tokens, u.completion_tokens)))
             tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
+            seconds += u.accelerator_s
+        chunk.seconds = seconds
         return b"".join(ok), b"".join(err), len(ok), len(err), tokens
 
     def cancel(self, chunk: Chunk | None) -> None:

@@ -28,7 +28,7 @@ from workers.generation import GenerationEngine
 from workers.heartbeat import Heartbeat, worker_name
 from workers.jobs_lane import JobsConsumer
 from workers.metrics import record_batch, record_step
-from workers.realtime_lane import RealtimeConsumer
+from workers.realtime_lane import RealtimeConsumer, UsageWriter
 from workers.runners import EmbeddingRunner, GenerationRunner, Runner
 from workers.runtime.cache import registered
 from workers.runtime.chat import ChatModel
@@ -182,7 +182,8 @@ def _start_lanes(rt: WorkerRuntime) -> None:
     if "realtime" in lanes:
         rt.threads.append(RealtimeConsumer(rt.ctx.redis, rt.models(), rt.embeddings,
                                            rt.embedding_model, st.max_embedding_inputs,
-                                           rt.chat.get, allow=rt.breaker.allow))
+                                           rt.chat.get, allow=rt.breaker.allow,
+                                           meter=UsageWriter(rt.ctx)))
     if "jobs" in lanes:
         rt.threads.append(JobsConsumer(rt.ctx, rt.embeddings, rt.embedding_model, rt.chat.get,
                                        rt.name, allow=rt.breaker.allow))
