@@ -14,6 +14,8 @@ from kombu import Exchange, Queue
 from jobs.settings import Settings
 
 QUEUES = ("control", "batch", "flex")
+# The queues of batch shards, one per lane: standard batches and flex (low priority).
+SHARD_LANES = ("batch", "flex")
 # The lanes that run a model (control runs none), in the order health reports them.
 MODEL_LANES = ("realtime", "jobs", "batch", "flex")
 TASK_VALIDATE = "inferq.validate_batch"
@@ -66,6 +68,16 @@ def lane_queues(lanes: set[str]) -> list[str]:
     return queues or ["realtime"]
 
 
+def lane_for(tier: str) -> str:
+    """The shard lane (and queue) of a batch's service tier."""
+    return "flex" if tier == "flex" else "batch"
+
+
+def tier_for(lane: str) -> str:
+    """A service tier whose shards go to ``lane``."""
+    return "flex" if lane == "flex" else "default"
+
+
 def broker_url(redis_url: str) -> str:
     """kombu spells unix sockets ``redis+socket://``."""
     if redis_url.startswith("unix://"):
@@ -89,7 +101,7 @@ class Dispatcher:
         self.app.send_task(TASK_VALIDATE, args=[batch_id], queue="control")
 
     def shards(self, shard_ids: list[str], tier: str, countdown: float = 0) -> None:
-        queue = "flex" if tier == "flex" else "batch"
+        queue = lane_for(tier)
         for sid in shard_ids:
             self.app.send_task(TASK_SHARD, args=[sid], queue=queue,
                                countdown=countdown or None)

@@ -10,7 +10,9 @@ Run by the control worker every few seconds (``sweep``). It
 - expires batches whose completion window has passed: queued shards stop at
   once, running ones at their next chunk, finished results are kept and the rest
   become ``batch_expired`` error lines;
-- sends validate or finalize again for a batch whose control task was lost.
+- sends validate or finalize again for a batch whose control task was lost;
+- dispatches the batch lanes' next waiting shards (``jobs.fairshare``), so a
+  dispatch trigger that was lost (a worker killed after its shard) only delays.
 Every change is a conditional UPDATE, so two janitors (or a janitor racing a
 worker) cannot both act on the same shard.
 """
@@ -22,8 +24,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import exists, func, select, update
 
+from jobs import fairshare
 from jobs import repository as repo
 from jobs.context import Context
+from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard, now
 from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
@@ -35,6 +39,7 @@ class SweepReport:
     expired: list[str] = field(default_factory=list)
     finalize: set[str] = field(default_factory=set)
     validate: set[str] = field(default_factory=set)
+    dispatched: list[str] = field(default_factory=list)
 
 
 def sweep(ctx: Context) -> SweepReport:
@@ -45,6 +50,7 @@ def sweep(ctx: Context) -> SweepReport:
         _resend_stranded(ctx, rep)
         _resume_control(ctx, rep)
         _send(ctx, rep)
+        rep.dispatched = fairshare.dispatch_all(ctx)
     except Exception:
         # The broker is unreachable (e.g. restarting): shards handed back above are
         # queued in the DB with no message. Mark them so the next sweep that reaches
@@ -97,18 +103,21 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
 
 
 def _resend_stranded(ctx: Context, rep: SweepReport) -> None:
-    """Queued shards nobody has touched for a while, while their lane's queue is empty:
-    their message was lost (e.g. reserved by a worker that then stopped). Sending one
-    again is safe: a claim of a shard someone holds or finished does nothing. Shards
-    whose send failed (``updated_at`` 0, see ``sweep``) are sent at once."""
+    """Dispatched, queued shards nobody has touched for a while, while their lane's
+    queue is empty: their message was lost (e.g. reserved by a worker that then
+    stopped). Sending one again is safe: a claim of a shard someone holds or finished
+    does nothing. Shards whose send failed (``updated_at`` 0, see ``sweep`` and
+    ``fairshare.dispatch``) are sent at once. A shard still waiting for the fair
+    dispatcher (``dispatched_at`` NULL) has no message to lose and is not stranded."""
     stale = time.time() - ctx.settings.stranded_shard_s
     with ctx.db.session() as s:
         rows = s.execute(select(Shard.id, Shard.updated_at, Batch.service_tier).join(
             Batch, Batch.id == Shard.batch_id).where(
             Shard.status == ShardStatus.QUEUED, Shard.updated_at < stale,
+            Shard.dispatched_at.is_not(None),
             Batch.status == BatchStatus.IN_PROGRESS).limit(1000)).all()
         for sid, updated_at, tier in rows:
-            queue = "flex" if tier == "flex" else "batch"
+            queue = lane_for(tier)
             if updated_at == 0 or ctx.redis.llen(queue) == 0:
                 s.execute(update(Shard).where(Shard.id == sid)
                           .values(updated_at=time.time()))

@@ -1,7 +1,9 @@
 """The janitor's sweep against real PostgreSQL and Redis: lapsed leases are handed
 back with a message on the lane queue, used-up attempts fail the shard, a send that
-fails because the broker is down is repeated by the next sweep that reaches it, and
-stranded shards are sent again only while their queue is empty."""
+fails because the broker is down is repeated by the next sweep that reaches it,
+stranded shards are sent again only while their queue is empty, and shards waiting
+for the fair dispatcher are dispatched (never re-sent as stranded), or cancelled
+unsent."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import update
 
-from jobs import janitor, service
+from jobs import fairshare, janitor, realtime, service
 from jobs.context import Context
-from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
+from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatcher, make_celery
 from jobs.models import Batch, File, Shard, new_id
 from jobs.outputs import Tokens
 from jobs.settings import Settings
@@ -49,8 +52,10 @@ def make_batch(ctx: Context, shards: list[dict[str, object]],
         s.flush()
         ids = [b.id]
         for i, kw in enumerate(shards):
+            # sent to the broker unless a test says otherwise (dispatched_at None:
+            # waiting for the fair dispatcher)
             sh = Shard(id=f"{b.id}.{i:06d}", batch_id=b.id, index=i, object_key="x", rows=10,
-                       **kw)
+                       **{"dispatched_at": time.time(), **kw})
             s.add(sh)
             ids.append(sh.id)
     return ids[1:] if shards else ids
@@ -188,3 +193,83 @@ def test_lost_control_tasks_are_sent_again(jctx) -> None:  # type: ignore[no-unt
     assert fresh and unfinished and young  # left alone: moving, unfinished, just created
     janitor.sweep(jctx)  # the copies are still queued: nothing is sent twice
     assert len(messages(jctx, "control")) == 2
+
+
+def waiting_batch(ctx: Context, n: int, **batch: object) -> list[str]:
+    """A batch in progress whose shards wait for the fair dispatcher."""
+    return make_batch(ctx, [{"status": ShardStatus.QUEUED, "dispatched_at": None,
+                             "updated_at": time.time() - 600}] * n, **batch)
+
+
+def announce_worker(ctx: Context, name: str, lanes: list[str]) -> None:
+    """A model worker's heartbeat, as workers.heartbeat writes it: one slot on its lanes."""
+    realtime.heartbeat(ctx.redis, name, {"name": name, "lanes": lanes, "breaker": "closed",
+                                         "models": []}, ttl_s=30)
+
+
+def test_waiting_shards_are_dispatched_by_the_sweep_never_resent_as_stranded(jctx) -> None:  # type: ignore[no-untyped-def]
+    """Untouched for longer than stranded_shard_s, on an empty queue: a waiting shard has
+    no message to lose. The sweep sends as many as the lane has room for: its live
+    worker slots plus the margin (1), counting what is sent and not finished."""
+    s0, s1, s2 = waiting_batch(jctx, 3)
+    rep = janitor.sweep(jctx)
+    assert rep.requeued == [] and rep.dispatched == [s0]  # no worker yet: the margin
+    assert sent(jctx) == [s0] and status(jctx, s0).dispatched_at is not None
+    assert status(jctx, s1).dispatched_at is None
+    assert janitor.sweep(jctx).dispatched == []  # the queue is full
+    announce_worker(jctx, "w1", ["batch"])
+    announce_worker(jctx, "w2", ["flex"])  # another lane's slot makes no room here
+    assert janitor.sweep(jctx).dispatched == [s1]
+    with jctx.db.session() as s:
+        s.execute(update(Shard).where(Shard.id == s0).values(status=ShardStatus.DONE))
+    assert janitor.sweep(jctx).dispatched == [s2]
+    assert sent(jctx) == [s0, s1, s2]
+    assert janitor.sweep(jctx).dispatched == []  # nothing left waiting
+
+
+def test_cancel_and_expiry_end_waiting_shards_without_sending_them(jctx) -> None:  # type: ignore[no-untyped-def]
+    cancelled = waiting_batch(jctx, 2)
+    expired = waiting_batch(jctx, 2, expires_at=int(time.time()) - 1)
+    batch_id = cancelled[0].rsplit(".", 1)[0]
+    with jctx.db.session() as s:
+        b = s.get(Batch, batch_id)
+        assert b is not None
+        tenant = b.tenant_id
+    service.cancel_batch(jctx, tenant, batch_id)
+    rep = janitor.sweep(jctx)
+    assert rep.dispatched == [] and sent(jctx) == []
+    assert rep.expired == [expired[0].rsplit(".", 1)[0]]
+    for sid in cancelled + expired:
+        assert status(jctx, sid).status == ShardStatus.CANCELLED
+        assert status(jctx, sid).dispatched_at is None
+    assert {arg for _, arg in messages(jctx, "control")} == {
+        batch_id, expired[0].rsplit(".", 1)[0]}  # both finalized at once
+
+
+def test_a_dispatch_lost_to_a_broker_outage_is_sent_by_the_next_sweep(jctx) -> None:  # type: ignore[no-untyped-def]
+    """Redis down before the choice (no heartbeats to count): nothing is taken, the
+    shards wait. The broker lost between the commit and the send: the shard's turn is
+    taken, and the next sweep that reaches the broker sends it although its queue is
+    not empty."""
+    first, second = waiting_batch(jctx, 2)
+    dead = jctx.settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    down = Context(dead)
+    with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
+        fairshare.dispatch(down, "batch")
+    down.close()
+    assert status(jctx, first).dispatched_at is None
+    lost = Context(jctx.settings)  # heartbeats readable, the broker not
+    lost.dispatcher = Dispatcher(make_celery(dead))
+    lost.dispatcher.app.conf.broker_connection_max_retries = 0
+    lost.dispatcher.app.conf.broker_transport_options = {"max_retries": 0}
+    with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
+        fairshare.dispatch(lost, "batch")
+    lost.close()
+    sh = status(jctx, first)
+    assert sh.dispatched_at is not None and sh.updated_at == 0  # its turn was taken
+    assert status(jctx, second).dispatched_at is None
+    jctx.redis.rpush("batch", b"someone else's message")  # the queue is not empty
+    rep = janitor.sweep(jctx)
+    assert rep.requeued == [first] and rep.dispatched == []  # the lane is full
+    assert sent(jctx) == [first]
+    assert janitor.sweep(jctx).requeued == []  # and only once
