@@ -226,10 +226,17 @@ def limits() -> None:
 
 
 def _limit_rows(rows: Iterable[Any]) -> str:
+    """No limit shows as "-" (the API reports none per minute as a huge number, which
+    OpenAI's shape requires)."""
+    unlimited = Settings.from_env().rate_limit_unlimited
+
+    def shown(v: int | None) -> int | None:
+        return None if v is None or v >= unlimited else v
+
     return table(("MODEL", "RPM", "TPM", "RPD", "BATCH TOKENS/DAY", "STREAMS"), (
-        (r.model, r.max_requests_per_1_minute, r.max_tokens_per_1_minute,
-         r.max_requests_per_1_day, r.batch_1_day_max_input_tokens,
-         getattr(r, "max_concurrent_streams", None)) for r in rows))
+        (r.model, shown(r.max_requests_per_1_minute), shown(r.max_tokens_per_1_minute),
+         shown(r.max_requests_per_1_day), shown(r.batch_1_day_max_input_tokens),
+         shown(getattr(r, "max_concurrent_streams", None))) for r in rows))
 
 
 @limits.command("set")

@@ -148,11 +148,11 @@ def test_projects_keys_limits_and_usage(up: Up, tmp_path: Path) -> None:
 
     out = up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2",
                 "--rpm", "100", "--rpd", "5000", "--max-streams", "2")
-    assert out.splitlines()[1].split()[:4] == ["all-MiniLM-L6-v2", "100", "1000000000", "5000"]
+    assert out.splitlines()[1].split()[:4] == ["all-MiniLM-L6-v2", "100", "-", "5000"]
     up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2", "--rpd", "none")
     row = [x.split() for x in up.ok("limits", "list", "--project", project).splitlines()
            if x.startswith("all-MiniLM-L6-v2")]
-    assert row == [["all-MiniLM-L6-v2", "100", "1000000000", "-", "-", "2"]]
+    assert row == [["all-MiniLM-L6-v2", "100", "-", "-", "-", "2"]]
 
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([emb_line(i, f"usage {i}") for i in range(5)]))
