@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,8 +46,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("services")
+def services_dir() -> Iterator[Path]:
+    """Outside pytest's own temp root: a private PostgreSQL runs as another user
+    (pgserver opens the folders on its path to it), and every pytest session that
+    starts meanwhile makes that root private to root again."""
+    path = Path(tempfile.mkdtemp(prefix="inferq-services-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
