@@ -542,8 +542,9 @@ def body_usage_tokens(body: bytes) -> int | None:
 
 
 def batch_token_error(ctx: Context, s: Session, tenant_id: str, model: str | None,
-                      tokens: int) -> dict[str, Any] | None:
-    """The error that fails a batch whose ``tokens`` (its input's upper bound) would push
+                      tokens: int, exact: bool = False) -> dict[str, Any] | None:
+    """The error that fails a batch whose ``tokens`` (its input's prompt tokens: counted
+    by the model's tokenizer when ``exact``, else an upper bound) would push
     the project's batch input tokens for ``model`` in the last day (batches that went
     in progress since) past ``batch_1_day_max_input_tokens``; None when it fits. Takes
     the project's row lock, so concurrent validations of one project are decided one
@@ -559,8 +560,9 @@ def batch_token_error(ctx: Context, s: Session, tenant_id: str, model: str | Non
         Batch.tenant_id == tenant_id, Batch.model == model, Batch.in_progress_at >= since)) or 0
     if used + tokens <= limit:
         return None
+    holds = f"{tokens:,}" if exact else f"up to {tokens:,}"
     return {"code": "token_limit_exceeded", "line": None, "param": None,
             "message": f"Enqueued token limit reached for {model} in project {tenant_id}. "
-                       f"Limit: {limit:,} enqueued tokens; this batch holds up to "
-                       f"{tokens:,} and {int(used):,} were enqueued in the last day. Please "
-                       "try again once some in_progress batches have been completed."}
+                       f"Limit: {limit:,} enqueued tokens; this batch holds {holds} and "
+                       f"{int(used):,} were enqueued in the last day. Please try again once "
+                       "some in_progress batches have been completed."}

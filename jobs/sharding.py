@@ -10,13 +10,20 @@ Client text quoted in a whole-file error (a custom_id, a url, a model name) goes
 through ``shown``: escaped and cut short, since the errors are stored with the batch.
 A shard holds each request's body as the schema read it (JSON text), whatever types
 the input file used (a Parquet binary column reads as text).
+
+The valid requests' prompt tokens (``ShardPlan.input_tokens``, what the project's
+batch input tokens of the day are charged) are counted by ``count_tokens`` when the
+caller has one: the control worker's counts with the model's tokenizer
+(workers.runtime.token_count), the ``usage.prompt_tokens`` the output lines will
+report. Without one, or for a request it cannot count, a request counts its upper
+bound (jobs.limits.prompt_tokens: UTF-8 bytes plus the template's overheads).
 """
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -43,6 +50,9 @@ MAX_REPORTED_ERRORS = 100
 # The input column of a Parquet dataset, by endpoint.
 DATASET_COLUMN = {EMBEDDINGS: "input", CHAT: "messages", COMPLETIONS: "prompt"}
 MAX_COLUMNS_SHOWN = 20
+# (endpoint, a valid request body as its shard row holds it) -> its prompt tokens as the
+# model's workers count them; None where it cannot count them (the upper bound is used).
+TokenCounter = Callable[[str, dict[str, Any]], int | None]
 MESSAGES_HINT = ("a messages cell must be a list of {role, content} structs, or a JSON array "
                  'of them as text, e.g. [{"role": "user", "content": "Hi"}]; this one is not')
 
@@ -57,7 +67,8 @@ class ShardPlan:
     model: str | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
     error_count: int = 0
-    input_tokens: int = 0  # an upper bound of the valid requests' prompt tokens
+    input_tokens: int = 0  # the valid requests' prompt tokens (see exact_tokens)
+    exact_tokens: bool = True  # every request counted by the tokenizer, none by its bound
 
     def fail(self, code: str, message: str, line: int | None, param: str | None = None) -> None:
         self.error_count += 1
@@ -67,8 +78,10 @@ class ShardPlan:
 
 class _Sharder:
     def __init__(self, store: ObjectStore, batch_id: str, endpoint: str, shard_rows: int,
-                 max_inputs: int, max_requests: int, models: Catalog) -> None:
+                 max_inputs: int, max_requests: int, models: Catalog,
+                 count_tokens: TokenCounter | None = None) -> None:
         self.store, self.batch_id, self.endpoint = store, batch_id, endpoint
+        self.count_tokens = count_tokens
         self.models = models  # the registry, read once for the whole batch
         self.shard_rows, self.max_inputs, self.max_requests = shard_rows, max_inputs, max_requests
         self.plan = ShardPlan()
@@ -148,8 +161,16 @@ class _Sharder:
         except (TypeError, ValueError):  # e.g. bytes that are not UTF-8, in an extra field
             raise InvalidRequest("the request holds a value JSON cannot hold (binary data "
                                  "that is not UTF-8 text, say); send text") from None
-        self.plan.input_tokens += prompt_tokens(self.endpoint, clean)
+        self.plan.input_tokens += self.prompt_tokens(clean)
         return text, length
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        """The prompt tokens of a valid body: counted by ``count_tokens``, else bounded."""
+        exact = self.count_tokens(self.endpoint, body) if self.count_tokens else None
+        if exact is not None:
+            return exact
+        self.plan.exact_tokens = False
+        return prompt_tokens(self.endpoint, body)
 
     def flush(self) -> None:
         if not self.rows or self.plan.error_count:
@@ -294,10 +315,14 @@ def _json_messages(text: str | bytes) -> list[Any] | None:
 
 def validate_and_shard(store: ObjectStore, *, batch_id: str, file_key: str, file_format: str,
                        endpoint: str, defaults: dict[str, Any], shard_rows: int, max_line: int,
-                       max_inputs: int, max_requests: int, models: Catalog) -> ShardPlan:
+                       max_inputs: int, max_requests: int, models: Catalog,
+                       count_tokens: TokenCounter | None = None) -> ShardPlan:
     """Validate the input file against ``models`` (the registry, read once by the
-    caller for this batch) and write its shards; returns what was found."""
-    s = _Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests, models)
+    caller for this batch) and write its shards; returns what was found.
+    ``count_tokens``: counts each valid request's prompt tokens exactly (the upper
+    bound when None)."""
+    s = _Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests, models,
+                 count_tokens)
     if file_format == "parquet":
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "input.parquet"

@@ -12,6 +12,7 @@ from typing import Any
 from jobs.errors import InvalidRequest
 from jobs.requests import CHAT, ChatBody, parse_generation
 from workers.runtime.chat import ChatModel
+from workers.runtime.token_count import template_messages
 
 
 @dataclass
@@ -29,9 +30,7 @@ def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenR
     req = parse_generation(endpoint, body)
     if endpoint == CHAT:
         assert isinstance(req, ChatBody)
-        msgs = [{"role": "system" if m.role == "developer" else m.role,
-                 "content": m.content or ""} for m in req.messages]
-        prompt = model.chat_ids(msgs)
+        prompt = model.chat_ids(template_messages(req))
     else:
         prompt = model.prompt_ids(str(req.prompt))  # type: ignore[union-attr]
     room = model.context_length - len(prompt)

@@ -10,6 +10,7 @@ from jobs import errors, finalize, service
 from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
 from workers.batch_lane import run_shard
 from workers.celery_app import app, draining, process
+from workers.runtime.token_count import Counter
 
 # A backend that is down for a moment (PostgreSQL restarting, a broker reconnect, the
 # object store unreachable) must not lose a batch's control step: retried with backoff
@@ -22,7 +23,8 @@ RETRY: dict[str, Any] = {"autoretry_for": TRANSIENT, "retry_backoff": 2,
 
 @app.task(name=TASK_VALIDATE, **RETRY)
 def validate_batch(batch_id: str) -> None:
-    service.validate_batch(process.context(), batch_id)
+    ctx = process.context()  # prompt tokens counted with the model's tokenizer
+    service.validate_batch(ctx, batch_id, count_tokens=Counter(ctx))
 
 
 @app.task(name=TASK_FINALIZE, **RETRY)

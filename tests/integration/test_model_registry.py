@@ -161,6 +161,34 @@ def test_cache_is_all_or_nothing(private_ctx: Context, imported: dict[str, Model
     assert list(parent.iterdir()) == []  # no final dir, no temp dir left behind
 
 
+def test_the_control_worker_fetches_the_tokenizer_alone(private_ctx: Context,
+                                                       imported: dict[str, Model]) -> None:
+    """Counting a batch's prompt tokens downloads a version's tokenizer files (hashes
+    checked), never its weights; a host that holds the whole version uses that copy."""
+    from workers.runtime import cache, token_count
+
+    for name in (MINILM, SMOL):
+        m = imported[name]
+        path = cache.tokenizer_dir(private_ctx, m)
+        assert path == private_ctx.settings.data_dir / "tokenizer-cache" / name / "1"
+        got = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+        assert got == sorted(f["path"] for f in cache.tokenizer_files(m))
+        assert "tokenizer.json" in got and not [g for g in got if g.endswith(".safetensors")]
+        assert sum(f["bytes"] for f in cache.tokenizer_files(m)) < 5_000_000
+        for f in cache.tokenizer_files(m):
+            assert registry.sha256_file(path / f["path"]) == f["sha256"]
+    assert not (private_ctx.settings.data_dir / "model-cache").exists()
+    count = token_count.Counter(private_ctx)
+    hi = {"model": SMOL, "messages": [{"role": "user", "content": "Hi"}]}
+    n = count("/v1/chat/completions", hi)
+    assert n is not None and n > 20  # the template's system prompt, the generation prompt
+    assert count("/v1/embeddings", {"model": MINILM, "input": "hello world"}) == 4
+    assert count("/v1/embeddings", {"model": "no-such-model", "input": "x"}) is None
+    # The whole version on this host (a model worker beside the control worker): used.
+    full = cache.local_dir(private_ctx, imported[MINILM])
+    assert cache.tokenizer_dir(private_ctx, imported[MINILM]) == full
+
+
 def test_concurrent_workers_share_one_copy(private_ctx: Context,
                                            imported: dict[str, Model]) -> None:
     from workers.runtime import cache

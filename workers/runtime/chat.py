@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from workers.runtime import token_count
 from workers.runtime.faults import inject_oom
 
 
@@ -96,15 +97,12 @@ class ChatModel:
         self.eos_ids = set(eos_ids)
         self.pad_id = self.tokenizer.pad_token_id or 0
 
-    # Tokenization (any thread) -------------------------------------------------------
+    # Tokenization (any thread), as batch validation counts it (workers.runtime.token_count)
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        enc: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=True)
-        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-        return [int(x) for x in ids]
+        return token_count.chat_ids(self.tokenizer, messages)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return [int(x) for x in self.tokenizer(prompt)["input_ids"]]
+        return token_count.prompt_ids(self.tokenizer, prompt)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

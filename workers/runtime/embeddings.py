@@ -13,6 +13,7 @@ from jobs import registry
 from jobs.errors import InvalidRequest, ModelNotLoaded
 from jobs.requests import EmbeddingsBody
 from workers.runtime.faults import inject_oom
+from workers.runtime.token_count import embedding_ids
 
 
 def packaged_path(model_id: str) -> Path:
@@ -84,12 +85,7 @@ class EmbeddingModel:
     def tokenize(self, inputs: list[str] | list[list[int]]) -> list[list[int]]:
         """Token ids with special tokens; an input longer than the model's context is
         refused (InvalidRequest, as OpenAI does), never silently truncated."""
-        if inputs and isinstance(inputs[0], list):
-            out = [[self.cls, *ids, self.sep] for ids in inputs]
-        else:
-            enc = self.tokenizer(list(inputs), truncation=False, add_special_tokens=True,
-                                 return_attention_mask=False, verbose=False)
-            out = [list(ids) for ids in enc["input_ids"]]
+        out = embedding_ids(self.tokenizer, inputs)  # as batch validation counts them
         for i, ids in enumerate(out):
             if len(ids) > self.max_length:
                 where = "input" if len(out) == 1 else f"input[{i}]"
