@@ -30,7 +30,7 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_e2e_shapes.py test_e2e_context_length.py test_e2e_model_routing.py \
 	test_failures.py test_backend_outages.py test_backend_restarts.py \
 	test_upload_memory.py test_private_services.py test_fair_share.py test_usage.py \
-	test_limits.py test_tenants_e2e.py)
+	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: $(STAMP)
@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.realtime
 	$(BIN)/python -m bench.chaos
 	$(BIN)/python -m bench.fairness
+	$(BIN)/python -m bench.webhooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

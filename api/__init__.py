@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         models,
         openapi,
         usage,
+        webhooks,
     )
     from api.schemas import check_path_ids
 
@@ -53,7 +54,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["inferq"] = Context(settings)
     errors.register(app)
 
-    v1 = (files, batches, inference, jobs, models)
+    v1 = (files, batches, inference, jobs, models, webhooks)
     authenticated = {mod.bp.name for mod in v1}
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
     organization = (admin, usage)

@@ -1,19 +1,25 @@
-"""/v1/batches: create, retrieve, list, cancel."""
+"""/v1/batches: create, retrieve, list, cancel, a batch's events (Server-Sent Events) and
+its partial output."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, g
+import orjson
+from flask import Blueprint, Response, g, request, stream_with_context
+from sqlalchemy.exc import DBAPIError
 
 from api import context
 from api.idempotency import idempotent
 from api.schemas import batch_object, json_body, page, page_params
-from jobs import service
+from jobs import partial, progress, service
 from jobs.repository import ShardSums
 from jobs.requests import BatchCreate, parse_model
 
 bp = Blueprint("batches", __name__)
+log = logging.getLogger("inferq.api")
 
 
 @bp.post("/batches")
@@ -40,3 +46,51 @@ def list_() -> Any:
 def cancel(batch_id: str) -> Any:
     service.cancel_batch(context(), g.tenant_id, batch_id)
     return batch_object(*service.get_batch(context(), g.tenant_id, batch_id))
+
+
+@bp.get("/batches/<batch_id>/output")
+def output(batch_id: str) -> Response:
+    """The output lines of the chunks committed since the cursor ``after`` while the
+    batch runs (docs/API.md, Partial results); the next cursor is a response header."""
+    a = request.args
+    out = partial.partial_output(context(), g.tenant_id, batch_id, a.get("partial"),
+                                 a.get("after") or None, a.get("kind"))
+    return Response(stream_with_context(out.blocks), mimetype="application/jsonl", headers={
+        "inferq-next-cursor": out.next_cursor, "inferq-batch-status": str(out.batch.status),
+        "inferq-chunks": str(out.chunks), "inferq-complete": "true" if out.complete else "false",
+        "Cache-Control": "no-store"})
+
+
+@bp.get("/batches/<batch_id>/events")
+def events(batch_id: str) -> Response:
+    """The batch's status changes and counts as Server-Sent Events, until its terminal
+    status (docs/API.md). A bad Last-Event-ID and another project's id are plain JSON
+    errors: nothing is streamed before the batch is read."""
+    ctx, tenant_id = context(), g.tenant_id
+    seen = progress.parse_position(request.headers.get("Last-Event-ID"))
+    first = progress.read(ctx, tenant_id, batch_id)
+    progress.check_resumable(first, seen)
+    if first.terminal and seen.rank == progress.TERMINAL_RANK:
+        return Response(status=204)  # it has ended and the client saw it: do not reconnect
+    st = ctx.settings
+    stream = progress.follow(ctx, tenant_id, batch_id, first, seen, poll_s=st.events_poll_s,
+                             keepalive_s=st.events_keepalive_s, max_s=st.events_max_s)
+    return Response(_sse(stream, int(st.events_poll_s * 1000)), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _sse(stream: Iterator[progress.Event | None], retry_ms: int) -> Iterator[bytes]:
+    yield f"retry: {max(retry_ms, 1000)}\n\n".encode()
+    try:
+        for ev in stream:
+            yield b": keep-alive\n\n" if ev is None else _event(ev)
+    except DBAPIError as e:  # the database went away mid-stream: the client resumes later
+        log.warning("batch event stream ended: %s", e)
+        yield b": the database is unavailable; reconnect with Last-Event-ID\n\n"
+
+
+def _event(ev: progress.Event) -> bytes:
+    b = batch_object(ev.snapshot.batch, ev.snapshot.sums)
+    data = {"object": "batch.progress", "batch_id": b["id"], "status": ev.status,
+            "created_at": ev.at, "request_counts": b["request_counts"], "usage": b["usage"]}
+    return (f"id: {ev.id}\nevent: {ev.kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n")

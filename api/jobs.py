@@ -9,8 +9,7 @@ from flask import Blueprint, g
 from api import admit, context
 from api.idempotency import idempotent
 from api.schemas import json_body
-from jobs import asyncjobs, limits
-from jobs.errors import InvalidRequest
+from jobs import asyncjobs, limits, webhooks
 from jobs.models import new_id
 from jobs.requests import parse_model
 
@@ -21,16 +20,15 @@ bp = Blueprint("jobs", __name__)
 @idempotent
 def create() -> Any:
     req: asyncjobs.JobCreate = parse_model(asyncjobs.JobCreate, json_body())
-    if req.callback_url is not None:
-        raise InvalidRequest("callback_url is not supported by this deployment yet; poll "
-                             "GET /v1/jobs/{id}", param="callback_url",
-                             code="unsupported_parameter")
     ctx = context()
     clean = asyncjobs.validate(ctx, req.endpoint, req.body)
+    if req.callback_url is not None:
+        webhooks.check_callback(ctx, g.tenant_id, req.callback_url)
     job_id = new_id("job_")  # its reservation is settled by id when the job completes
     admit(clean["model"], limits.request_tokens(
         req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
-    job = asyncjobs.create(ctx, g.tenant_id, req.endpoint, req.body, api_key_id=g.api_key_id,
+    job = asyncjobs.create(ctx, g.tenant_id, req.endpoint, req.body,
+                           callback_url=req.callback_url, api_key_id=g.api_key_id,
                            job_id=job_id)
     return asyncjobs.job_object(job), 200
 

@@ -13,6 +13,7 @@ from pydantic.json_schema import models_json_schema
 
 from jobs.asyncjobs import JobCreate
 from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody
+from jobs.webhooks import EndpointCreate, EndpointUpdate, RotateSecret, TestSend
 
 bp = Blueprint("openapi", __name__)
 
@@ -20,8 +21,10 @@ bp = Blueprint("openapi", __name__)
 BODIES: dict[str, type[BaseModel]] = {
     "batches.create": BatchCreate, "inference.embeddings": EmbeddingsBody,
     "inference.chat_completions": ChatBody, "inference.completions": CompletionBody,
-    "jobs.create": JobCreate}
-LISTS = {"batches.list_", "files.list_"}
+    "jobs.create": JobCreate, "webhooks.create": EndpointCreate,
+    "webhooks.update": EndpointUpdate, "webhooks.rotate_secret": RotateSecret,
+    "webhooks.test": TestSend, "webhooks.rotate_callback_secret": RotateSecret}
+LISTS = {"batches.list_", "files.list_", "webhooks.list_", "webhooks.deliveries"}
 IDEMPOTENT = {"batches.create", "files.create", "jobs.create"}
 REF = "#/components/schemas/{model}"
 _ARG = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
@@ -63,7 +66,8 @@ def _operation(endpoint: str, args: list[str]) -> dict[str, Any]:
     elif endpoint == "files.create":
         op["requestBody"] = {"required": True, "content": {"multipart/form-data": {
             "schema": {"$ref": REF.format(model="FileUpload")}}}}
-    if endpoint.split(".")[0] in ("batches", "files", "inference", "jobs", "models"):
+    if endpoint.split(".")[0] in ("batches", "files", "inference", "jobs", "models",
+                                  "webhooks"):
         op["security"] = [{"bearer": []}]
     return op
 

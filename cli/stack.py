@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KEY_FILE, ADMIN_KEY_FILE = "dev-api-key", "admin-api-key"
+LOCAL_WEBHOOK_HOSTS = "127.0.0.1"  # allowed webhook receivers of a stack that sets none
 
 
 def _key_file(path: Path, prefix: str) -> str:
@@ -131,6 +132,10 @@ class Stack:
     def __init__(self, settings: Settings, port: int | None = None,
                  extra_env: dict[str, str] | None = None, log_dir: Path | None = None,
                  model_workers: int = 1, stop_signals: StopSignals | None = None) -> None:
+        if "webhook_allow_hosts" not in settings.model_fields_set:
+            # A stack runs on one machine: its receivers (a developer's, the tests') may
+            # listen on 127.0.0.1. A deployment names its own in INFERQ_WEBHOOK_ALLOW_HOSTS.
+            settings = settings.model_copy(update={"webhook_allow_hosts": LOCAL_WEBHOOK_HOSTS})
         self.settings = settings
         self.port = port or settings.api_port
         self.extra_env = extra_env or {}

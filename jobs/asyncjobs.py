@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
-from jobs import catalog, limits, usage
+from jobs import catalog, limits, usage, webhooks
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
@@ -91,17 +91,20 @@ def claim(ctx: Context, job_ids: list[str], worker: str, token: str, ttl_s: floa
 def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | None,
              error: dict[str, Any] | None, bill: usage.Entry | None = None) -> bool:
     """Store the job's outcome if ``token`` still holds its lease; ``bill`` (its usage
-    record) is inserted in the same transaction, only when the outcome was stored."""
+    record) and its webhook event are written in the same transaction, only when the
+    outcome was stored."""
     with ctx.db.session() as s:
         res = s.execute(update(Job).where(Job.id == job_id, Job.lease_token == token)
                         .values(status=JobStatus.FAILED if error else JobStatus.COMPLETED,
                                 result=result, error=error, completed_at=now(), lease_token=None,
                                 lease_expires_at=None)
-                        .returning(Job.tenant_id, Job.body))
+                        .returning(Job.tenant_id, Job.body, Job.status, Job.callback_url))
         row = res.first()
         stored = row is not None
         if stored and bill is not None and error is None:
             usage.record(s, bill)
+        if row is not None:
+            webhooks.job_ended(ctx, s, row.tenant_id, job_id, row.status, row.callback_url)
     if row is not None:  # its tokens-per-minute reservation becomes what it really used
         real = limits.usage_tokens((result or {}).get("usage")) if error is None else 0
         if real is not None and isinstance(row.body.get("model"), str):

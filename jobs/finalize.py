@@ -18,13 +18,13 @@ from __future__ import annotations
 import io
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from jobs import outputs
+from jobs import outputs, webhooks
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.errors import shown, transient
@@ -58,6 +58,7 @@ def _fail(ctx: Context, batch_id: str, e: Exception) -> None:
             "code": "finalize_failed", "line": None, "param": None,
             "message": f"the batch's results could not be assembled into its output files "
                        f"({type(e).__name__}: {shown(str(e), 300)})"}]
+        webhooks.batch_ended(ctx, s, b)  # its event commits with the status (the outbox)
 
 
 def _finalize(ctx: Context, batch_id: str) -> None:
@@ -95,6 +96,7 @@ def _finalize(ctx: Context, batch_id: str) -> None:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
         else:
             b.status, b.completed_at = BatchStatus.COMPLETED, now()
+        webhooks.batch_ended(ctx, s, b)  # its event commits with the status (the outbox)
 
 
 def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, int, int]:
@@ -126,22 +128,31 @@ def _output_file(s: Session, b: Batch, kind: str, fmt: str, written: tuple[str, 
     return f.id
 
 
+def committed_parts(b: Batch, shards: list[Shard], kind: str, since: Sequence[int] = ()
+                    ) -> Iterator[tuple[Shard, int, str]]:
+    """(shard, chunk, key) of each part the checkpoints committed, in shard and chunk
+    order, under the key of the attempt that committed it (parts other attempts wrote,
+    late or never committed, are ignored). A committed part never changes: ``since[i]``
+    chunks of ``shards[i]`` already read are skipped (partial downloads, jobs/partial.py)."""
+    for i, sh in enumerate(shards):
+        for chunk in range(since[i] if i < len(since) else 0, sh.chunks_done):
+            yield sh, chunk, keys.output_part(b.id, sh.index, chunk, kind,
+                                              repo.part_attempt(sh, chunk))
+
+
 def _parts(store: ObjectStore, b: Batch, shards: list[Shard], kind: str,
            lost: list[dict[str, Any]]) -> Iterator[bytes]:
-    """The parts the checkpoints committed, each under the key of the attempt that
-    committed it (parts other attempts wrote, late or never committed, are ignored).
-    A committed part that is gone is reported in ``lost``: its requests are counted
-    but have no lines."""
-    for sh in shards:
-        for chunk in range(sh.chunks_done):
-            key = keys.output_part(b.id, sh.index, chunk, kind, repo.part_attempt(sh, chunk))
-            try:
-                yield from store.iter_chunks(key, CHUNK)
-            except ObjectNotFound:
-                lost.append({"code": "output_part_missing", "line": None, "param": None,
-                             "message": f"the committed {'output' if kind == 'ok' else 'error'}"
-                                        f" lines of chunk {chunk} of shard {sh.index} are "
-                                        f"missing from the object store ({key})"})
+    """The parts the checkpoints committed (see :func:`committed_parts`). A committed
+    part that is gone is reported in ``lost``: its requests are counted but have no
+    lines."""
+    for sh, chunk, key in committed_parts(b, shards, kind):
+        try:
+            yield from store.iter_chunks(key, CHUNK)
+        except ObjectNotFound:
+            lost.append({"code": "output_part_missing", "line": None, "param": None,
+                         "message": f"the committed {'output' if kind == 'ok' else 'error'}"
+                                    f" lines of chunk {chunk} of shard {sh.index} are "
+                                    f"missing from the object store ({key})"})
 
 
 def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str,

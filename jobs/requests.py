@@ -99,6 +99,8 @@ class BatchCreate(BaseModel):
     service_tier: Literal["default", "flex", "auto"] = "default"
     # inferq extension: request defaults for Parquet inputs (e.g. {"model": ...}).
     body: dict[str, Any] = Field(default_factory=dict)
+    # inferq extension: where the batch's terminal event is also sent (jobs/webhooks.py).
+    callback_url: str | None = Field(default=None, max_length=2048)
 
     @field_validator("endpoint")
     @classmethod

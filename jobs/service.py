@@ -11,7 +11,7 @@ from typing import IO, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs import catalog, fairshare, limits
+from jobs import catalog, fairshare, limits, webhooks
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.errors import (
@@ -25,7 +25,7 @@ from jobs.errors import (
 )
 from jobs.models import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
 from jobs.requests import BatchCreate
-from jobs.sharding import validate_and_shard
+from jobs.sharding import TokenCounter, validate_and_shard
 from jobs.status import BatchStatus
 from storage import keys
 from storage.parquet import is_parquet
@@ -192,7 +192,10 @@ def open_file_content(ctx: Context, tenant_id: str, file_id: str) -> tuple[File,
 def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                  api_key_id: str | None = None) -> Batch:
     """Store the batch (with the key that created it: its usage is billed to it) and
-    ask for its validation."""
+    ask for its validation. A ``callback_url`` (inferq extension) also receives its
+    terminal event."""
+    if req.callback_url is not None:
+        webhooks.check_callback(ctx, tenant_id, req.callback_url)
     with ctx.db.session() as s:
         f = repo.get_file(s, tenant_id, req.input_file_id)
         if f is None:
@@ -214,7 +217,8 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                   input_file_id=f.id, completion_window=req.completion_window,
                   service_tier="flex" if req.service_tier == "flex" else "default",
                   status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
-                  created_at=created, expires_at=created + WINDOW_SECONDS[req.completion_window])
+                  callback_url=req.callback_url, created_at=created,
+                  expires_at=created + WINDOW_SECONDS[req.completion_window])
         s.add(b)
     ctx.dispatcher.validate(b.id)
     return b
@@ -260,13 +264,18 @@ def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
 # Control: validation and sharding ---------------------------------------------------------
 
 
-def validate_batch(ctx: Context, batch_id: str) -> None:
+def validate_batch(ctx: Context, batch_id: str, count_tokens: TokenCounter | None = None
+                   ) -> None:
     """Control task body: validate + shard the input, then queue the shards.
+
+    ``count_tokens``: the prompt tokens of each valid request, counted with the
+    model's tokenizer (the control worker passes workers.runtime.token_count's); the
+    batch's input tokens are their upper bound without it.
 
     A failure that trying again would only repeat (as opposed to a backend briefly
     unreachable, which the task retries) fails the batch, once, with the reason."""
     try:
-        _validate(ctx, batch_id)
+        _validate(ctx, batch_id, count_tokens)
     except Exception as e:
         if transient(e) or not _fail_validation(ctx, batch_id, e):
             raise
@@ -286,6 +295,7 @@ def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
             b.errors = [{"code": "validation_failed", "line": None, "param": None,
                          "message": f"the input file could not be validated "
                                     f"({type(e).__name__}: {shown(e, 300)})"}]
+        webhooks.batch_ended(ctx, s, b)
     try:  # shards it may have written
         ctx.store.delete_prefix(keys.batch_prefix(batch_id))
     except Exception:  # noqa: BLE001 - the batch has ended; its objects are only left over
@@ -293,7 +303,7 @@ def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
     return True
 
 
-def _validate(ctx: Context, batch_id: str) -> None:
+def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) -> None:
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id)
         if b is None or b.status != BatchStatus.VALIDATING:
@@ -308,7 +318,7 @@ def _validate(ctx: Context, batch_id: str) -> None:
         ctx.store, batch_id=batch_id, file_key=file_key, file_format=fmt, endpoint=endpoint,
         defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
         max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
-        models=catalog.load(ctx))
+        models=catalog.load(ctx), count_tokens=count_tokens)
     shard_ids: list[str] = []
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
@@ -317,14 +327,18 @@ def _validate(ctx: Context, batch_id: str) -> None:
             return  # a concurrent delivery of this task got here first
         if b.status == BatchStatus.CANCELLING:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            webhooks.batch_ended(ctx, s, b)
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
         if plan.errors:
             b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), plan.errors
+            webhooks.batch_ended(ctx, s, b)
             return
-        over = limits.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens)
+        over = limits.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens,
+                                        exact=plan.exact_tokens)
         if over is not None:  # past the project's batch input tokens of the day
             b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), [over]
+            webhooks.batch_ended(ctx, s, b)
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
         b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
@@ -348,3 +362,4 @@ def _mark_cancelled_before_start(ctx: Context, batch_id: str) -> None:
         b = repo.get_batch(s, None, batch_id, lock=True)
         if b is not None and b.status == BatchStatus.CANCELLING:
             b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            webhooks.batch_ended(ctx, s, b)

@@ -100,6 +100,16 @@ class Settings(BaseSettings):
     api_keepalive_s: int = 75
     log_level: str = "INFO"
 
+    # Batch event streams (GET /v1/batches/{id}/events, jobs/progress.py). An open
+    # stream reads its batch every events_poll_s, in a session of its own (no database
+    # connection is held between reads); it sends a keep-alive comment after
+    # events_keepalive_s without an event (a client that went away is noticed then), and
+    # ends after events_max_s, so no API thread is held for ever: the client resumes
+    # with Last-Event-ID.
+    events_poll_s: float = Field(default=1.0, gt=0)
+    events_keepalive_s: float = Field(default=15.0, gt=0)
+    events_max_s: float = Field(default=300.0, gt=0)
+
     # Rate limits (jobs/limits.py), decided in Redis per project and model. A project's
     # rate_limits row wins; a missing row or a NULL column takes these defaults, where 0
     # is unlimited (requests and tokens per minute are then still counted, against
@@ -128,6 +138,34 @@ class Settings(BaseSettings):
     usage_model_prices: dict[str, float] = Field(default_factory=dict)
     usage_flex_multiplier: float = Field(default=0.5, gt=0, le=1)
 
+    # Outbound requests (storage/outbound.py: webhook deliveries and callbacks). Only
+    # http(s) to public addresses; a host named in webhook_allow_hosts (comma-separated
+    # host names or IP literals, as the URL spells them) may resolve to loopback, private
+    # and other non-public addresses. Stacks of cli/stack.py (`inferq up`, tests) allow
+    # 127.0.0.1 unless this is set. The connect timeout bounds TCP + TLS set-up; the
+    # read timeout bounds everything after it (sending, then the whole response); at
+    # most webhook_max_response_bytes of a receiver's body are kept.
+    webhook_allow_hosts: str = ""
+    webhook_connect_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_read_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_max_response_bytes: int = Field(default=4096, ge=0)
+
+    # Webhook deliveries (jobs/deliveries.py, run by the control worker). A delivery that
+    # fails is tried again after base x 2^(attempt-1) seconds (at most the cap), times a
+    # random factor in [0.5, 1], until webhook_retry_period_s after its event. Due rows
+    # are looked for every poll interval (and at once when new events commit); at most
+    # webhook_concurrency sends run at once, at most webhook_concurrency_per_target of
+    # them to one endpoint or callback URL.
+    # A claimed row comes due again after its send's timeouts plus
+    # webhook_lease_margin_s (its sender died).
+    webhook_retry_period_s: float = Field(default=24 * 3600.0, gt=0)
+    webhook_retry_base_s: float = Field(default=5.0, gt=0)
+    webhook_retry_max_s: float = Field(default=3600.0, gt=0)
+    webhook_poll_interval_s: float = Field(default=0.2, gt=0)
+    webhook_concurrency: int = Field(default=16, ge=1)
+    webhook_concurrency_per_target: int = Field(default=4, ge=1)  # per endpoint / URL
+    webhook_lease_margin_s: float = Field(default=10.0, ge=0)
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         return cls(**overrides)  # type: ignore[arg-type]
@@ -147,6 +185,13 @@ class Settings(BaseSettings):
     @property
     def lane_set(self) -> set[str]:
         return {x.strip() for x in self.lanes.split(",") if x.strip()}
+
+    @property
+    def webhook_allow_host_set(self) -> frozenset[str]:
+        """webhook_allow_hosts as storage/outbound.py compares hosts: lower case, no
+        brackets around IPv6 literals, no trailing dot."""
+        return frozenset(h.strip().strip("[]").rstrip(".").lower()
+                         for h in self.webhook_allow_hosts.split(",") if h.strip())
 
     @property
     def embedded(self) -> bool:

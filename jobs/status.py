@@ -92,3 +92,12 @@ class IdempotencyState(StrEnum):
 
     PENDING = "pending"
     DONE = "done"
+
+
+class DeliveryStatus(StrEnum):
+    """A webhook delivery (one event to one target): waiting for its next attempt (or
+    being sent), delivered (a 2xx answer), or given up after the retry period."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"

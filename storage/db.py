@@ -74,3 +74,41 @@ def downgrade(url: str, revision: str = "base") -> None:
     from alembic import command
 
     command.downgrade(alembic_config(url), revision)
+
+
+class Listener:
+    """A connection of its own that LISTENs on a channel: ``wait`` returns when a
+    NOTIFY on it arrives (sent at the commit of the transaction that issued it) or
+    after ``timeout``. A lost connection is opened again on the next wait; meanwhile
+    ``wait`` only sleeps, so a caller that also polls loses nothing but latency."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        from sqlalchemy.engine import make_url
+
+        self.conninfo = make_url(normalize_url(url)).set(drivername="postgresql") \
+            .render_as_string(hide_password=False)
+        self.channel = channel
+        self.conn: Any = None
+
+    def wait(self, timeout: float) -> bool:
+        """True when a notification arrived."""
+        import time
+
+        import psycopg
+
+        try:
+            if self.conn is None:
+                self.conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
+                self.conn.execute(f'LISTEN "{self.channel}"')
+            return any(True for _ in self.conn.notifies(timeout=timeout, stop_after=1))
+        except psycopg.Error:
+            self.close()
+            time.sleep(timeout)
+            return False
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None

@@ -4,7 +4,7 @@ Start with ``inferq worker --lanes realtime,jobs,batch``. A pool child that serv
 model lane builds its ``WorkerRuntime`` once (``worker_process_init``): the models,
 the engine threads, the realtime and jobs consumers (if those lanes are served) and
 the heartbeat, kept for its whole life. A pool child that serves the control lane
-runs the janitor.
+runs the janitor and the webhook deliveries.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from jobs.context import Context
 from jobs.dispatch import MODEL_LANES, make_celery
 from jobs.settings import Settings
 from workers.batch_lane import ShardConsumers
-from workers.control_lane import JanitorThread
+from workers.control_lane import DeliveryThread, JanitorThread
 
 if TYPE_CHECKING:  # torch is imported only by a pool child that serves a model lane
     from workers.worker_runtime import WorkerRuntime
@@ -45,6 +45,7 @@ class PoolProcess:
         self.settings = settings
         self.shard_consumers = ShardConsumers(app, settings.lane_set)
         self.janitor: JanitorThread | None = None
+        self.deliveries: DeliveryThread | None = None
         self._ctx: Context | None = None
         self._runtime: WorkerRuntime | None = None
         self._lock = threading.Lock()
@@ -67,10 +68,14 @@ class PoolProcess:
     def start_janitor(self) -> None:
         self.janitor = JanitorThread(self.context(), self.settings.janitor_interval_s)
         self.janitor.start()
+        self.deliveries = DeliveryThread(self.context())
+        self.deliveries.start()
 
     def shutdown(self) -> None:
         if self.janitor is not None:
             self.janitor.stopping.set()
+        if self.deliveries is not None:
+            self.deliveries.stopping.set()
         if self._runtime is not None:
             self._runtime.stop()
 

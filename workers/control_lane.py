@@ -1,5 +1,5 @@
-"""The control lane's background thread: the janitor, run beside the control tasks
-(validate, finalize) in a pool child that serves the lane."""
+"""The control lane's background threads: the janitor and the webhook deliveries, run
+beside the control tasks (validate, finalize) in a pool child that serves the lane."""
 
 from __future__ import annotations
 
@@ -29,3 +29,18 @@ class JanitorThread(threading.Thread):
                              rep.failed, rep.expired)
             except Exception as e:  # noqa: BLE001 - the next sweep tries again
                 log.warning("janitor: %s", e)
+
+
+class DeliveryThread(threading.Thread):
+    """Runs the webhook delivery loop (``jobs.deliveries``) until stopped: beside the
+    janitor, never on an engine."""
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(name="inferq-webhooks", daemon=True)
+        self.ctx = ctx
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from jobs.deliveries import Deliverer
+
+        Deliverer(self.ctx).run(self.stopping)

@@ -24,7 +24,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "inference.completions": {"model": "SmolLM2-135M-Instruct", "prompt": "hi"},
     "jobs.create": {"endpoint": "/v1/chat/completions", "body": CHAT},
 }
-LISTS = ("batches.list_", "files.list_", "admin.list_projects")
+LISTS = ("batches.list_", "files.list_", "admin.list_projects", "webhooks.list_")
 CREATES = ("batches.create", "files.create", "jobs.create")
 ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must be added
     ("POST", "/v1/files"): "files.create", ("GET", "/v1/files"): "files.list_",
@@ -34,10 +34,26 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("POST", "/v1/batches"): "batches.create", ("GET", "/v1/batches"): "batches.list_",
     ("GET", "/v1/batches/<batch_id>"): "batches.retrieve",
     ("POST", "/v1/batches/<batch_id>/cancel"): "batches.cancel",
+    ("GET", "/v1/batches/<batch_id>/events"): "batches.events",
+    ("GET", "/v1/batches/<batch_id>/output"): "batches.output",
     ("POST", "/v1/embeddings"): "inference.embeddings",
     ("POST", "/v1/chat/completions"): "inference.chat_completions",
     ("POST", "/v1/completions"): "inference.completions",
     ("POST", "/v1/jobs"): "jobs.create", ("GET", "/v1/jobs/<job_id>"): "jobs.retrieve",
+    ("POST", "/v1/webhook_endpoints"): "webhooks.create",
+    ("GET", "/v1/webhook_endpoints"): "webhooks.list_",
+    ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>"): "webhooks.retrieve",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>"): "webhooks.update",
+    ("DELETE", "/v1/webhook_endpoints/<webhook_endpoint_id>"): "webhooks.delete",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/rotate_secret"):
+        "webhooks.rotate_secret",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/test"): "webhooks.test",
+    ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>/deliveries"): "webhooks.deliveries",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/deliveries/<delivery_id>/resend"):
+        "webhooks.resend",
+    ("GET", "/v1/webhook_event_types"): "webhooks.event_types",
+    ("GET", "/v1/webhook_callback_secret"): "webhooks.callback_secret",
+    ("POST", "/v1/webhook_callback_secret"): "webhooks.rotate_callback_secret",
     ("GET", "/v1/models"): "models.list_", ("GET", "/v1/models/<path:model_id>"): "models.retrieve",
     ("GET", "/healthz"): "health.healthz", ("GET", "/readyz"): "health.readyz",
     ("GET", "/metrics"): "health.metrics", ("GET", "/openapi.json"): "openapi.openapi",
@@ -210,6 +226,8 @@ KINDS: dict[str, Kind] = {
                             header("Idempotency-Key", "k\x00"), 400),
     "idempotency_key_overlong": (lambda r: r.view in CREATES,
                                  header("Idempotency-Key", "k" * 300), 400),
+    "last_event_id_bad": (lambda r: r.view == "batches.events",
+                          header("Last-Event-ID", "1-x\x00"), 400),
     "content_type_text": (is_json, lambda r, ids: Req(
         r.method, r.path, r.view, data=json.dumps(BODIES[r.view]), content_type="text/plain"),
         400),
@@ -302,7 +320,11 @@ def ids(app, tenant_key, other_tenant_key) -> dict[str, str]:  # type: ignore[no
                                           "input_file_id": fid}).get_json()["id"]
     job = other.post("/v1/jobs", json={"endpoint": "/v1/embeddings", "body": EMB})
     assert job.status_code == 200, job.get_data(as_text=True)
+    hook = other.post("/v1/webhook_endpoints", json={  # a public address: no DNS needed
+        "name": "other", "url": "https://93.184.216.34/hook", "event_types": ["batch.failed"]})
+    assert hook.status_code == 200, hook.get_data(as_text=True)
     return {"file_id": fid, "batch_id": bid, "job_id": job.get_json()["id"],
+            "webhook_endpoint_id": hook.get_json()["id"],
             "model_id": "batch_" + "0" * 20, "other_list_item": bid,
             # the admin key sees every project: an id of none
             "project_id": "proj_" + "0" * 26}

@@ -269,6 +269,36 @@ def test_user_errors_are_one_line(up: Up, tmp_path: Path) -> None:
                    "cannot reach", "inferq up")
 
 
+def status_changes(out: str, batch_id: str) -> list[str]:
+    """The status changes ``--watch`` / ``--wait`` printed, in order."""
+    return [x.split()[1] for x in out.splitlines()
+            if x.startswith(f"{batch_id}: ") and " at " in x and "requests done" in x]
+
+
+def test_status_watch_and_submit_wait_follow_the_event_stream(up: Up, tmp_path: Path) -> None:
+    """Both print every status change as the stream tells it, ``finalizing`` included
+    (finalize commits it together with ``completed``: no poll of the batch sees it),
+    then the usual summary."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(jsonl([emb_line(i, f"watched {i}") for i in range(120)]))  # 3 shards
+    batch_id = up.ok("submit", str(inp)).strip()
+    out = up.ok("status", batch_id, "--watch")
+    lifecycle = ["validating", "in_progress", "finalizing", "completed"]
+    assert status_changes(out, batch_id) == lifecycle, out
+    assert f"{batch_id}: completed at " in out and "(120 of 120 requests done)" in out
+    assert "completed (120 completed, 0 failed)" in out and "  endpoint:" in out
+    again = up.run("status", batch_id, "--watch", "--json")  # ended: replayed, then the object
+    assert again.returncode == 0, again.stderr
+    assert status_changes(again.stderr, batch_id) == lifecycle  # stdout is the JSON alone
+    assert json.loads(again.stdout)["status"] == "completed"
+
+    out = up.ok("submit", str(inp), "--wait")
+    waited = out.split()[0]
+    assert status_changes(out, waited) == lifecycle, out
+    assert out.rstrip().endswith(f"{waited}: completed (120 completed, 0 failed)")
+    one_line_error(up.run("status", "batch_nope", "--watch"), "No such Batch", "404")
+
+
 def test_up_refuses_a_taken_port_and_a_busy_data_dir(up: Up, tmp_path: Path) -> None:
     other = tmp_path / "other"
     p = up.run("up", "--port", str(up.port), timeout=60, INFERQ_DATA_DIR=str(other))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from jobs import service, tenants
+from jobs import service, tenants, webhooks
 from jobs.context import Context
 from tests.integration.helpers import emb_line, jsonl
 
@@ -24,7 +24,23 @@ COVERED = {
     ("DELETE", "/v1/files/<file_id>"): "/v1/files/{file_id}",
     ("GET", "/v1/batches/<batch_id>"): "/v1/batches/{batch_id}",
     ("POST", "/v1/batches/<batch_id>/cancel"): "/v1/batches/{batch_id}/cancel",
+    ("GET", "/v1/batches/<batch_id>/events"): "/v1/batches/{batch_id}/events",
+    ("GET", "/v1/batches/<batch_id>/output"): "/v1/batches/{batch_id}/output?partial=true",
     ("GET", "/v1/jobs/<job_id>"): "/v1/jobs/{job_id}",
+    ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+    ("DELETE", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/rotate_secret"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/test"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/test",
+    ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>/deliveries"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/deliveries",
+    ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>/deliveries/<delivery_id>/resend"):
+        "/v1/webhook_endpoints/{webhook_endpoint_id}/deliveries/{delivery_id}/resend",
     ("GET", f"{ORG}/<project_id>/service_accounts/<service_account_id>"):
         f"{ORG}/{{b_project_id}}/service_accounts/{{service_account_id}}",
     ("DELETE", f"{ORG}/<project_id>/service_accounts/<service_account_id>"):
@@ -86,7 +102,15 @@ def a_objects(app: Any, ctx: Context, tenant_key: str, other_tenant_key: str
     a_project = service.authenticate(ctx, tenant_key).tenant_id
     sa, key = tenants.create_service_account(ctx, a_project, "a-etl")
     assert key is not None
+    hook = a.post("/v1/webhook_endpoints", json={  # a public address: no DNS needed
+        "name": "a", "url": "https://93.184.216.34/hook", "event_types": ["batch.failed"]})
+    assert hook.status_code == 200, hook.get_data(as_text=True)
+    with ctx.db.session() as s:  # an event of A's, so that its endpoint has a delivery
+        assert webhooks.emit(ctx, s, a_project, "batch.failed", batch.get_json()["id"])
+    delivery = a.get(f"/v1/webhook_endpoints/{hook.get_json()['id']}/deliveries").get_json()
     return {"file_id": fid, "batch_id": batch.get_json()["id"], "job_id": job.get_json()["id"],
+            "webhook_endpoint_id": hook.get_json()["id"],
+            "delivery_id": delivery["data"][0]["id"],
             "service_account_id": sa.id, "api_key_id": key.key.id, "a_project_id": a_project,
             "a_key": key.value,
             "b_project_id": service.authenticate(ctx, other_tenant_key).tenant_id}
@@ -124,7 +148,8 @@ def test_listings_never_show_another_projects_objects(app: Any, a_objects: dict[
                                                       admin_key: str) -> None:
     b = as_key(app, other_tenant_key)
     a_ids = set(a_objects.values())
-    for path in ("/v1/files?limit=100", "/v1/batches?limit=100"):
+    for path in ("/v1/files?limit=100", "/v1/batches?limit=100",
+                 "/v1/webhook_endpoints?limit=100"):
         got = b.get(path)
         assert got.status_code == 200
         assert not {x["id"] for x in got.get_json()["data"]} & a_ids, path
@@ -135,7 +160,8 @@ def test_listings_never_show_another_projects_objects(app: Any, a_objects: dict[
         assert not {x["id"] for x in got.get_json()["data"]} & a_ids, what
     # a cursor of A's is no cursor of B's
     for path in (f"/v1/files?after={a_objects['file_id']}",
-                 f"/v1/batches?after={a_objects['batch_id']}"):
+                 f"/v1/batches?after={a_objects['batch_id']}",
+                 f"/v1/webhook_endpoints?after={a_objects['webhook_endpoint_id']}"):
         assert b.get(path).status_code == 400, path
     got = admin.get(f"{ORG}/{a_objects['b_project_id']}/api_keys?after="
                     f"{a_objects['api_key_id']}")

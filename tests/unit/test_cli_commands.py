@@ -297,6 +297,125 @@ def test_a_download_cut_short_leaves_no_file(api: str, tmp_path: Path) -> None:
     assert (tmp_path / "c.parquet").read_bytes() == PARQUET_BYTES
 
 
+# status --watch / submit --wait: the batch's event stream --------------------------------
+
+
+def sse(ev_id: str, event: str, status: str, done: int, total: int = 10) -> bytes:
+    data = {"object": "batch.progress", "batch_id": "batch_1", "status": status,
+            "created_at": 1_700_000_000,
+            "request_counts": {"total": total, "completed": done, "failed": 0},
+            "usage": {"input_tokens": done, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": done}}
+    return f"id: {ev_id}\nevent: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class EventsApi(BaseHTTPRequestHandler):
+    """A batch's event stream that breaks off: each connection sends the next part of
+    ``parts`` (chunked, then cut without the last chunk: a dropped connection; a part
+    that ends with b"" ends with it: the stream's clean end) and the Last-Event-ID it
+    was sent is recorded. ``GET /v1/batches/batch_1`` is the batch as it
+    ended."""
+
+    protocol_version = "HTTP/1.1"
+    parts: list[list[bytes]] = []
+    asked: list[str | None] = []
+    batch = {**FakeApi.batch, "request_counts": {"total": 10, "completed": 10, "failed": 0}}
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        if not self.path.endswith("/events"):
+            body = json.dumps(self.batch).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.asked.append(self.headers.get("Last-Event-ID"))
+        part = self.parts.pop(0) if self.parts else None
+        if part is None:  # nothing more: the batch ended and the client saw it
+            self.send_response(204)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for chunk in [b"retry: 1000\n\n", b": keep-alive\n\n", *part]:
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.flush()
+        self.close_connection = True  # no terminating chunk: the client sees a broken body
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def events_api() -> Iterator[tuple[str, type[EventsApi]]]:
+    EventsApi.asked = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EventsApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", EventsApi
+    server.shutdown()
+    server.server_close()
+
+
+def test_watch_resumes_a_dropped_stream_from_its_last_event(run, events_api) -> None:  # type: ignore[no-untyped-def]
+    api, handler = events_api
+    handler.parts = [
+        [sse("0-0", "status", "validating", 0), sse("1-0", "status", "in_progress", 0),
+         sse("1-4", "progress", "in_progress", 4)],
+        [],  # a connection that drops before any event
+        [sse("1-7", "progress", "in_progress", 7), sse("3-10", "status", "finalizing", 10),
+         sse("4-10", "status", "completed", 10)],
+    ]
+    r = run("status", "batch_1", "--watch", "--api-url", api, "--api-key", "k")
+    assert r.exit_code == 0, r.output
+    assert handler.asked == [None, "1-4", "1-4"]  # each reconnect from the last event seen
+    changes = [x.split()[1] for x in r.output.splitlines() if " at " in x and "requests done" in x]
+    assert changes == ["validating", "in_progress", "finalizing", "completed"]
+    assert "batch_1: completed (10 completed, 0 failed)" in r.output  # then the usual status
+
+
+def test_watch_of_an_ended_stream_stops(run, events_api) -> None:  # type: ignore[no-untyped-def]
+    """A stream that ends (the API's time limit) is resumed; a 204 (ended, and seen) stops."""
+    api, handler = events_api
+    handler.parts = [[sse("0-0", "status", "validating", 0), b""]]
+    r = run("status", "batch_1", "--watch", "--api-url", api, "--api-key", "k")
+    assert r.exit_code == 0, r.output
+    assert handler.asked == [None, "0-0"]
+    assert "batch_1: completed (10 completed, 0 failed)" in r.output
+
+
+def test_watch_errors_are_one_line(run, events_api, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Drops in a row past RECONNECTS end the command with one line saying how to resume;
+    an unreadable event and an API that is not there are one line too."""
+    import cli.batches
+
+    api, handler = events_api
+    monkeypatch.setattr(cli.batches, "RECONNECTS", 2)
+    handler.parts = [[sse("0-0", "status", "validating", 0)], [], [], [], []]
+    r = run("status", "batch_1", "--watch", "--api-url", api, "--api-key", "k")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert handler.asked == [None, "0-0", "0-0"]  # it dropped, then 2 reconnects dropped
+    errors = [x for x in r.output.splitlines() if x.startswith("Error: ")]
+    assert len(errors) == 1 and r.output.rstrip().endswith(errors[0]), r.output
+    assert "lost the event stream of batch_1" in errors[0]
+    assert "`inferq status batch_1 --watch`" in errors[0]
+    # an event this client cannot read: one line too
+    handler.parts = [[sse("0-0", "status", "validating", 0), b"data: {\"x\n\n"]]
+    r = run("status", "batch_1", "--watch", "--api-url", api, "--api-key", "k")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    errors = [x for x in r.output.splitlines() if x.startswith("Error: ")]
+    assert errors == [r.output.rstrip().splitlines()[-1]], r.output
+    assert "unexpected event in the stream of batch_1" in errors[0]
+    # an API that is not there at all: the usual line, at once
+    unreachable = f"http://127.0.0.1:{free_port()}/v1"
+    one_line(run("status", "batch_1", "--watch", "--api-url", unreachable, "--api-key", "k"),
+             "cannot reach the inferq API", unreachable)
+
+
 # errors from this machine -------------------------------------------------------------
 
 
