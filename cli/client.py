@@ -32,12 +32,7 @@ def connect(settings: Settings, url: str | None, key: str | None) -> Any:
     """An openai client for the API; the key defaults to the dev key of the data dir."""
     from openai import OpenAI
 
-    dev_key = settings.data_dir / "dev-api-key"
-    key = key or (dev_key.read_text().strip() if dev_key.exists() else None)
-    if not key:
-        raise click.ClickException(
-            f"no API key: pass --api-key (INFERQ_API_KEY), or start `inferq up`, which writes "
-            f"a dev key to {dev_key}")
+    key = _key(settings, key, "dev-api-key", "API key", "--api-key (INFERQ_API_KEY)")
     return OpenAI(base_url=api_url(settings, url), api_key=key, max_retries=1)
 
 
@@ -46,13 +41,18 @@ def connect_admin(settings: Settings, url: str | None, key: str | None) -> Any:
     dir (written by ``inferq up``)."""
     from openai import OpenAI
 
-    path = settings.data_dir / "admin-api-key"
+    key = _key(settings, key, "admin-api-key", "admin key", "--admin-key (INFERQ_ADMIN_KEY)")
+    return OpenAI(base_url=api_url(settings, url), admin_api_key=key, max_retries=1)
+
+
+def _key(settings: Settings, key: str | None, filename: str, what: str, option: str) -> str:
+    """``key``, or the one `inferq up` wrote to the data dir."""
+    path = settings.data_dir / filename
     key = key or (path.read_text().strip() if path.exists() else None)
     if not key:
         raise click.ClickException(
-            f"no admin key: pass --admin-key (INFERQ_ADMIN_KEY), or start `inferq up`, which "
-            f"writes one to {path}")
-    return OpenAI(base_url=api_url(settings, url), admin_api_key=key, max_retries=1)
+            f"no {what}: pass {option}, or start `inferq up`, which writes one to {path}")
+    return key
 
 
 def follow(client: Any, batch_id: str, interval: float = 0.5) -> Any:

@@ -57,9 +57,13 @@ def create_project(ctx: Context, name: str, weight: int | None = None) -> Tenant
         with ctx.db.session() as s:
             s.add(t)
     except IntegrityError:
-        raise Conflict(f"a project named {shown(name)} exists already: project names are "
-                       "unique", param="name", code="project_exists") from None
+        raise _name_taken(name) from None
     return t
+
+
+def _name_taken(name: str | None) -> Conflict:
+    return Conflict(f"a project named {shown(name)} exists already: project names are unique",
+                    param="name", code="project_exists")
 
 
 def get_project(ctx: Context, project_id: str) -> Tenant:
@@ -94,8 +98,7 @@ def update_project(ctx: Context, project_id: str, name: str | None,
             if weight is not None:
                 t.weight = weight
     except IntegrityError:
-        raise Conflict(f"a project named {shown(name)} exists already: project names are "
-                       "unique", param="name", code="project_exists") from None
+        raise _name_taken(name) from None
     return t
 
 

