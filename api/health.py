@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from api import context
+from api import metrics as api_metrics
 from jobs.dispatch import MODEL_LANES
 from jobs.realtime import live_workers
 
@@ -53,4 +53,5 @@ def readyz() -> Any:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    return Response(generate_latest(), mimetype=CONTENT_TYPE_LATEST)
+    """Prometheus text format: the API's series (api/metrics.py)."""
+    return api_metrics.exposition()

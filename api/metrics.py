@@ -1,0 +1,141 @@
+"""The API's Prometheus series, served on GET /metrics (api/health.py).
+
+Per request: its latency (until the response, a stream's included, is fully sent)
+by route, method, lane, model and status; a count by route, method, status and
+project; errors by status and code (the ``code`` of the OpenAI error body). Labels
+are bounded: ``route`` is the URL rule (``/v1/batches/<batch_id>``), never the path;
+``model`` is one the catalog validated (set by ``api.admit``), else empty; project
+is the authenticated project's id.
+
+At scrape time: the depth of every lane's queue in Redis (``QueueDepthCollector``):
+the Celery lists of control, batch and flex, the jobs list and each model's
+realtime list.
+
+One process per API: the API runs as one gunicorn process with threads
+(``cli/stack.py`` ``api_command``, ``docker/Dockerfile.api``), so this process's
+registry holds all of its series; more capacity is more API processes (containers,
+replicas), each scraped as its own target. Under ``gunicorn -w N`` each scrape would
+see one of the N processes only, which is why the API does not run that way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from flask import Flask, Response, current_app, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from jobs import asyncjobs, realtime
+from jobs.dispatch import QUEUES
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+REQUEST_SECONDS = Histogram("inferq_api_request_seconds",
+                            "API request latency, until the response is fully sent",
+                            ["route", "method", "lane", "model", "status"], buckets=BUCKETS)
+REQUESTS = Counter("inferq_api_requests", "API requests answered",
+                   ["route", "method", "status", "project"])
+ERRORS = Counter("inferq_api_errors", "API error responses, by the error body's code",
+                 ["route", "status", "code"])
+
+# The lane a route's work runs on.
+LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime",
+                 "/v1/completions": "realtime", "/v1/jobs": "jobs", "/v1/batches": "batch"}
+# kombu's Redis transport keeps a queue's messages of priority p > 0 in "<queue>\x06\x16p".
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+
+
+class QueueDepthCollector(Collector):
+    """``inferq_queue_depth{lane, model}``: messages waiting on each lane's Redis lists,
+    read when scraped (one pipeline of LLENs plus a SCAN of the realtime lists)."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        depth = GaugeMetricFamily("inferq_queue_depth", "Messages waiting on a lane's queue",
+                                  labels=["lane", "model"])
+        try:
+            # A list that is empty does not exist in Redis: the models live workers serve
+            # on the lane are listed too, so each one's depth is there, 0 when empty.
+            rt_keys = sorted({k.decode() if isinstance(k, bytes) else str(k) for k in
+                              self.r.scan_iter(match=realtime.QUEUE + ":*", count=200)}
+                             | {realtime.queue_for(m) for w in
+                                realtime.live_workers(self.r, "realtime")
+                                for m in w.get("models", [])})
+            with self.r.pipeline(transaction=False) as p:
+                for q in QUEUES:
+                    for suffix in PRIORITY_SUFFIXES:
+                        p.llen(q + suffix)
+                p.llen(asyncjobs.QUEUE)
+                for k in rt_keys:
+                    p.llen(k)
+                lengths = p.execute()
+        except redis.RedisError:
+            return  # Redis is down: no depth rather than a wrong one
+        n = len(PRIORITY_SUFFIXES)
+        for i, q in enumerate(QUEUES):
+            depth.add_metric([q, ""], sum(lengths[i * n:(i + 1) * n]))
+        depth.add_metric(["jobs", ""], lengths[len(QUEUES) * n])
+        for k, length in zip(rt_keys, lengths[len(QUEUES) * n + 1:], strict=True):
+            depth.add_metric(["realtime", k[len(realtime.QUEUE) + 1:]], length)
+        yield depth
+
+
+def register(app: Flask, r: redis.Redis) -> None:
+    """Time and count every request of ``app``; its scrape-time series in a registry of
+    its own (several apps may live in one test process)."""
+    own = CollectorRegistry(auto_describe=False)
+    own.register(QueueDepthCollector(r))
+    app.extensions["inferq_metrics"] = own
+
+    @app.before_request
+    def _start() -> None:
+        g.metrics_t0 = time.perf_counter()
+
+    @app.after_request
+    def _observe(resp: Response) -> Response:
+        t0 = g.get("metrics_t0")
+        if t0 is None:
+            return resp
+        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+        method, status = request.method, str(resp.status_code)
+        lane = LANE_OF_ROUTE.get(route, "") if method == "POST" else ""
+        model = str(g.get("metrics_model") or "")
+        project = str(g.get("tenant_id") or "")
+        REQUESTS.labels(route, method, status, project).inc()
+        if resp.status_code >= 400:
+            ERRORS.labels(route, status, _error_code(resp)).inc()
+        hist = REQUEST_SECONDS.labels(route, method, lane, model, status)
+        resp.call_on_close(lambda: hist.observe(time.perf_counter() - t0))
+        return resp
+
+
+def _error_code(resp: Response) -> str:
+    if resp.is_streamed or resp.mimetype != "application/json":
+        return ""
+    body = resp.get_json(silent=True)
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else ""
+
+
+def exposition() -> Response:
+    """The process's series and the app's scrape-time ones, in the text format."""
+    own: CollectorRegistry | None = current_app.extensions.get("inferq_metrics")
+    body = generate_latest(REGISTRY) + (generate_latest(own) if own is not None else b"")
+    return Response(body, mimetype=CONTENT_TYPE_LATEST)
