@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask, Response, current_app, g, request
+from opentelemetry.trace import SpanKind
 
-from jobs import limits, service
+from jobs import admission, limits, logs, service, tracing
 from jobs.context import Context
+from jobs.models import new_id
 from jobs.settings import Settings
 
 
@@ -27,6 +27,7 @@ def admit(model: str, tokens: int, *, stream: bool = False,
         g.ratelimit_headers = e.headers
         raise
     g.ratelimit_headers = grant.headers
+    g.metrics_model = model  # validated against the catalog: the request's metrics label
     return grant
 
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         health,
         inference,
         jobs,
+        metrics,
         models,
         openapi,
         usage,
@@ -47,18 +49,38 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api.schemas import check_path_ids
 
     settings = settings or Settings.from_env()
-    logging.basicConfig(level=settings.log_level)
+    logs.setup(settings)
+    tracing.setup(settings, "api")
     app = Flask("inferq")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["inferq"] = Context(settings)
     errors.register(app)
+    metrics.register(app, app.extensions["inferq"].redis)  # first: it times the whole request
+    app.extensions["inferq_metrics"].register(admission.collector(app.extensions["inferq"]))
 
     v1 = (files, batches, inference, jobs, models, webhooks)
     authenticated = {mod.bp.name for mod in v1}
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
     organization = (admin, usage)
     administered = {mod.bp.name for mod in organization}
+
+    @app.before_request
+    def trace_request() -> None:
+        """Each request has an id (its ``x-request-id``: its log lines carry it, on the
+        API and on the worker that answers it) and, when tracing is on, a SERVER span
+        that ends when the response is closed (a stream: when it ends)."""
+        logs.clear()
+        g.request_id = new_id("req_")
+        logs.bind(request_id=g.request_id)
+        if tracing.enabled():
+            rule = request.url_rule.rule if request.url_rule is not None else request.path
+            g.trace_span = tracing.start(
+                f"{request.method} {rule}", SpanKind.SERVER,
+                parent={"traceparent": request.headers.get("traceparent")},
+                attributes={"http.request.method": request.method, "http.route": rule,
+                            "url.path": request.path, "inferq.request_id": g.request_id})
+            g.trace_token = tracing.attach(g.trace_span)
 
     @app.before_request
     def authenticate() -> None:
@@ -70,7 +92,22 @@ def create_app(settings: Settings | None = None) -> Flask:
             g.admin_key_id = service.authenticate_admin(context(), key)
         else:
             g.tenant_id, g.api_key_id = service.authenticate(context(), key)
+            logs.bind(project_id=g.tenant_id)
         check_path_ids(request.view_args or {})
+
+    @app.after_request
+    def end_trace(resp: Response) -> Response:
+        if "request_id" in g:
+            resp.headers.setdefault("x-request-id", g.request_id)
+        span = g.pop("trace_span", None)
+        if span is not None:
+            tracing.detach(g.pop("trace_token", None))
+            code = resp.status_code
+            span.set_attributes({"http.response.status_code": code,
+                                 "inferq.project_id": g.get("tenant_id") or ""})
+            resp.call_on_close(lambda: tracing.end(
+                span, error=f"HTTP {code}" if code >= 500 else None))
+        return resp
 
     @app.after_request
     def ratelimit_headers(resp: Response) -> Response:

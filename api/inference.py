@@ -11,7 +11,7 @@ from flask import Blueprint, Response, g, stream_with_context
 from api import admit, context
 from api.errors import error_body
 from api.schemas import json_body
-from jobs import catalog, limits
+from jobs import admission, catalog, limits
 from jobs.errors import InferqError
 from jobs.realtime import RealtimeClient, TokenStream, error_from_event
 from jobs.requests import (
@@ -33,6 +33,11 @@ def embeddings() -> Response:
     ctx = context()
     req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
     grant = admit(req.model, limits.embedding_tokens(req.inputs()))
+    try:
+        ticket = admission.admit(ctx, req.model)  # after the project's limits
+    except Exception:
+        limits.settle(ctx, grant, 0)
+        raise
     client = RealtimeClient(ctx.redis, tenant_id=g.tenant_id, api_key_id=g.api_key_id)
     try:
         body = client.call("embeddings", req.model_dump(exclude_none=True),
@@ -40,6 +45,8 @@ def embeddings() -> Response:
     except Exception:
         limits.settle(ctx, grant, 0)  # not answered: its tokens are given back
         raise
+    finally:
+        ticket.release()
     if (real := limits.body_usage_tokens(body)) is not None:
         limits.settle(ctx, grant, real)
     return Response(body, mimetype="application/json")
@@ -63,6 +70,12 @@ def _generate(endpoint: str) -> Any:
     grant = admit(req.model, limits.request_tokens(endpoint, body,
                                                    st.rate_limit_default_max_tokens),
                   stream=req.stream)
+    try:
+        ticket = admission.admit(ctx, req.model)  # after the project's limits
+    except Exception:
+        limits.settle(ctx, grant, 0)
+        limits.release_stream(ctx, grant)
+        raise
     stream = TokenStream(ctx.redis, endpoint, body,
                          first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s,
                          tenant_id=g.tenant_id, api_key_id=g.api_key_id)
@@ -71,12 +84,14 @@ def _generate(endpoint: str) -> Any:
     except Exception:
         limits.settle(ctx, grant, 0)  # nothing ran: its tokens and its stream slot go back
         limits.release_stream(ctx, grant)
+        ticket.release()
         raise
     if req.stream:
         resp = Response(stream_with_context(_sse(stream, req, endpoint == CHAT, grant)),
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         resp.call_on_close(lambda: limits.release_stream(ctx, grant))  # also if never read
+        resp.call_on_close(ticket.release)  # out of the admission count once it ended
         return resp
     try:
         parts, done = [], None
@@ -91,6 +106,7 @@ def _generate(endpoint: str) -> Any:
                 raise error_from_event(ev)
     finally:
         stream.close()
+        ticket.release()
     assert done is not None
     limits.settle(ctx, grant, done["prompt_tokens"] + done["completion_tokens"])
     build = chat_completion if endpoint == CHAT else text_completion

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli import admin, batches, state
+from cli import admin, batches, capacity, state
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
@@ -114,6 +114,10 @@ def up(port: int | None, model_workers: int) -> None:
         click.echo(f"admin key:    {stack.admin_key}  (OPENAI_ADMIN_KEY for the SDK's admin "
                    "client; the projects, keys, limits and usage commands use it)")
         click.echo(f"data dir:     {st.data_dir}  (logs in {stack.log_dir})")
+        scraped = stack.metrics_urls()
+        click.echo(f"metrics ({len(scraped)} processes):")
+        for name, murl in scraped.items():
+            click.echo(f"  {name}: {murl}")
         failed = _supervise(stack, signals)
         if failed:
             raise click.ClickException(f"{failed}; stopped everything")
@@ -252,6 +256,7 @@ main.add_command(admin.usage)
 main.add_command(batches.submit)
 main.add_command(batches.status)
 main.add_command(batches.results)
+main.add_command(capacity.capacity)
 
 
 if __name__ == "__main__":

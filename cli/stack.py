@@ -281,6 +281,34 @@ class Stack:
             time.sleep(0.3)
         raise TimeoutError(f"the stack did not become healthy: {last}")
 
+    def metrics_urls(self, timeout: float = 30) -> dict[str, str]:
+        """Where each process serves Prometheus metrics: ``api`` (its /metrics) and every
+        worker process, by the name and lanes its heartbeat announces. Waits up to
+        ``timeout`` for the workers this stack started to announce theirs."""
+        import orjson
+        import redis
+
+        from jobs.realtime import WORKERS
+
+        urls = {"api": self.base_url + "/metrics"} if "api" in self.procs else {}
+        expected = sum(name.startswith("worker-") for name in self.procs)
+        r = redis.Redis.from_url(self.settings.redis_url)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                found = {}
+                keys = list(r.scan_iter(match=WORKERS + "*", count=100))
+                for raw in r.mget(keys) if keys else []:
+                    info = orjson.loads(raw) if raw else {}
+                    if info.get("metrics_url"):
+                        label = f"worker {info['name']} ({','.join(info.get('lanes', []))})"
+                        found[label] = info["metrics_url"]
+                if len(found) >= expected or time.monotonic() > deadline:
+                    return urls | dict(sorted(found.items()))
+                time.sleep(0.3)
+        finally:
+            r.close()
+
     def stop(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:

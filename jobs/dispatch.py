@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from jobs import logs, tracing
 from jobs.settings import Settings
 
 QUEUES = ("control", "batch", "flex")
@@ -98,13 +99,30 @@ class Dispatcher:
         self.app = app
 
     def validate(self, batch_id: str) -> None:
-        self.app.send_task(TASK_VALIDATE, args=[batch_id], queue="control")
+        self._send(TASK_VALIDATE, batch_id, batch_id, "control")
 
     def shards(self, shard_ids: list[str], tier: str, countdown: float = 0) -> None:
         queue = lane_for(tier)
         for sid in shard_ids:
-            self.app.send_task(TASK_SHARD, args=[sid], queue=queue,
-                               countdown=countdown or None)
+            self._send(TASK_SHARD, sid, sid.rsplit(".", 1)[0], queue, countdown)
 
     def finalize(self, batch_id: str) -> None:
-        self.app.send_task(TASK_FINALIZE, args=[batch_id], queue="control")
+        self._send(TASK_FINALIZE, batch_id, batch_id, "control")
+
+    def _send(self, task: str, arg: str, batch_id: str, queue: str,
+              countdown: float = 0) -> None:
+        """One message. With tracing on, it carries the trace context (``traceparent``
+        header) of the batch's trace: that of the current span when this code works for
+        the same batch (its create request, its validation, one of its shards); a send
+        for another batch (fair dispatch picks any project's shard) carries none, and
+        its task starts a trace of its own."""
+        headers: dict[str, str] = {}
+        if tracing.enabled() and logs.current("batch_id") in (None, batch_id):
+            with tracing.producer(f"send {task}", headers,
+                                  {"messaging.system": "celery",
+                                   "messaging.destination.name": queue,
+                                   "inferq.batch_id": batch_id, "inferq.task_arg": arg}):
+                self.app.send_task(task, args=[arg], queue=queue,
+                                   countdown=countdown or None, headers=headers)
+            return
+        self.app.send_task(task, args=[arg], queue=queue, countdown=countdown or None)

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import redis
 
+from jobs import logs, tracing
 from jobs.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.models import new_id
 from jobs.status import BreakerState, StreamEvent
@@ -61,6 +62,18 @@ def admit(r: redis.Redis, model: str, max_queue: int) -> str:
     return queue
 
 
+def _origin() -> dict[str, str]:
+    """The API request a message comes from (``request_id``, for the worker's log lines);
+    its ``traceparent`` is added by the send's span."""
+    rid = logs.current("request_id")
+    return {"request_id": rid} if rid else {}
+
+
+def _send_attributes(queue: str, rid: str) -> dict[str, str]:
+    return {"messaging.system": "redis", "messaging.destination.name": queue,
+            "messaging.message.id": rid}
+
+
 def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> None:
     r.set(WORKERS + name, orjson.dumps(info), px=int(ttl_s * 1000))
 
@@ -77,8 +90,10 @@ class RealtimeClient:
         queue = admit(self.r, body["model"], self.max_queue)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
-               **self.payer}
-        self.r.lpush(queue, orjson.dumps(msg))
+               "enqueued_at": time.time(), **self.payer}  # enqueued_at: queue-time metrics
+        msg.update(_origin())
+        with tracing.producer(f"realtime send {kind}", msg, _send_attributes(queue, rid)):
+            self.r.lpush(queue, orjson.dumps(msg))
         got = self.r.blpop([reply_key(rid)], timeout=max(1, int(timeout_s)))
         if got is None:
             raise RequestTimeout(f"no answer within {timeout_s:.0f} s")
@@ -136,8 +151,12 @@ class TokenStream:
             if time.monotonic() > deadline:
                 raise Unavailable("could not subscribe to the token stream", retry_after=2)
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
-               "deadline": time.time() + self.first_event_s, **self.payer}
-        self.r.lpush(queue, orjson.dumps(msg))
+               "deadline": time.time() + self.first_event_s, "enqueued_at": time.time(),
+               **self.payer}
+        msg.update(_origin())
+        with tracing.producer(f"realtime send {self.kind}", msg,
+                              _send_attributes(queue, self.id)):
+            self.r.lpush(queue, orjson.dumps(msg))
         first = self.next_event(self.first_event_s)
         if first is None:
             self.close(cancel=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field
@@ -91,6 +92,28 @@ class Settings(BaseSettings):
     no_progress_timeout_s: float = 30.0
     worker_heartbeat_s: float = 5.0
 
+    # Worker metrics (workers/metrics.py): each worker pool process serves Prometheus
+    # metrics on worker_metrics_host:worker_metrics_port and announces the URL in its
+    # heartbeat; port 0 picks a free port per process (a fixed port suits one process
+    # per container, as in docker/compose.yaml).
+    worker_metrics_host: str = "127.0.0.1"
+    worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+
+    # Admission control of the realtime lane (jobs/admission.py). With an objective set, a
+    # realtime request whose predicted time to first token at realtime_slo_percentile
+    # (the M/M/c wait for the requests it finds in the system, plus its first engine
+    # step) exceeds realtime_ttft_slo_s is answered 503 `overloaded` with a retry-after
+    # instead of being queued; 0: no objective, nothing is refused. Arrivals are counted
+    # over admission_window_s in Redis (every API process shares the count); an admitted
+    # request counts as in the system until answered, at most admission_hold_s. Workers
+    # measure their service rate over admission_service_window_s of answered requests.
+    # inferq_desired_workers uses the same objective (first_token_timeout_s when unset).
+    realtime_ttft_slo_s: float = Field(default=0.0, ge=0)
+    realtime_slo_percentile: float = Field(default=0.99, gt=0, lt=1)
+    admission_window_s: int = Field(default=10, ge=1, le=3600)
+    admission_hold_s: float = Field(default=60.0, gt=0)
+    admission_service_window_s: float = Field(default=30.0, gt=0)
+
     # API
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -165,6 +188,19 @@ class Settings(BaseSettings):
     webhook_concurrency: int = Field(default=16, ge=1)
     webhook_concurrency_per_target: int = Field(default=4, ge=1)  # per endpoint / URL
     webhook_lease_margin_s: float = Field(default=10.0, ge=0)
+
+    # Tracing and logs (jobs/tracing.py, jobs/logs.py). OpenTelemetry spans from the API's
+    # request through the queues to the worker's engine steps. otel_exporter: none (off:
+    # no spans, no exporter thread), otlp (OTLP over HTTP to otel_endpoint, e.g.
+    # http://collector:4318/v1/traces; empty: the exporter's default), console (spans on
+    # stderr) or file (debugging: each process appends its spans as JSON lines to a file
+    # in the directory otel_endpoint names). Each process is the service
+    # <otel_service_name>-<api|worker|control>. Logs: text lines, or JSON lines with the
+    # request, batch, shard, project and trace ids (log_format=json, as in docker/).
+    otel_exporter: Literal["none", "otlp", "console", "file"] = "none"
+    otel_endpoint: str = ""
+    otel_service_name: str = "inferq"
+    log_format: Literal["text", "json"] = "text"
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from celery import Celery
 
-from jobs import fairshare
+from jobs import fairshare, logs, tracing
 from jobs.context import Context
 from jobs.dispatch import lane_for, lane_queues
 from jobs.models import Batch
 from jobs.status import RESUMED_ELSEWHERE, ShardOutcome
+from workers import metrics
 
 if TYPE_CHECKING:  # torch stays out of processes that serve no model lane
     from workers.worker_runtime import WorkerRuntime
@@ -36,22 +37,33 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
     from workers import pipeline
 
     ctx = rt.ctx
-    result = pipeline.process_shard(ctx, rt.runner_for, shard_id, rt.name,
-                                    stop_requested=stop_requested, healthy=rt.breaker.allow)
     batch_id = shard_id.rsplit(".", 1)[0]
-    tier = service_tier(ctx, batch_id)
+    tier, project = batch_owner(ctx, batch_id)
+    logs.bind(project_id=project)
+    tracing.annotate({"inferq.project_id": project, "inferq.service_tier": tier})
+    lane = lane_for(tier)
+    with metrics.SHARDS_IN_FLIGHT.labels(lane).track_inprogress():
+        result = pipeline.process_shard(ctx, rt.runner_for, shard_id, rt.name,
+                                        stop_requested=stop_requested,
+                                        healthy=rt.breaker.allow)
+    metrics.SHARDS.labels(lane, result.outcome).inc()
+    if result.outcome in (ShardOutcome.RETRY, ShardOutcome.HANDED_BACK):
+        metrics.RETRIES.labels(f"shard:{result.outcome}").inc()
     if result.finalize:
         ctx.dispatcher.finalize(batch_id)
     elif result.outcome in RESUMED_ELSEWHERE:
         ctx.dispatcher.shards([shard_id], tier, countdown=result.retry_in_s)
-    fairshare.dispatch_quietly(ctx, lane_for(tier))
+    fairshare.dispatch_quietly(ctx, lane)
+    log.info("shard %s: %s", shard_id, result.outcome)
+    tracing.annotate({"inferq.outcome": str(result.outcome)})
     return result.outcome
 
 
-def service_tier(ctx: Context, batch_id: str) -> str:
+def batch_owner(ctx: Context, batch_id: str) -> tuple[str, str | None]:
+    """The batch's service tier and project."""
     with ctx.db.session() as s:
         b = s.get(Batch, batch_id)
-        return b.service_tier if b is not None else "default"
+        return (b.service_tier, b.tenant_id) if b is not None else ("default", None)
 
 
 class ShardConsumers:

@@ -9,6 +9,7 @@ runs the janitor and the webhook deliveries.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import tempfile
@@ -17,17 +18,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import (
+    setup_logging,
+    task_retry,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_shutting_down,
 )
 
+from jobs import logs, tracing
 from jobs.context import Context
 from jobs.dispatch import MODEL_LANES, make_celery
 from jobs.settings import Settings
+from workers import metrics
 from workers.batch_lane import ShardConsumers
 from workers.control_lane import DeliveryThread, JanitorThread
+from workers.heartbeat import Heartbeat, worker_name
 
 if TYPE_CHECKING:  # torch is imported only by a pool child that serves a model lane
     from workers.worker_runtime import WorkerRuntime
@@ -46,6 +52,7 @@ class PoolProcess:
         self.shard_consumers = ShardConsumers(app, settings.lane_set)
         self.janitor: JanitorThread | None = None
         self.deliveries: DeliveryThread | None = None
+        self.heartbeat: Heartbeat | None = None
         self._ctx: Context | None = None
         self._runtime: WorkerRuntime | None = None
         self._lock = threading.Lock()
@@ -70,17 +77,35 @@ class PoolProcess:
         self.janitor.start()
         self.deliveries = DeliveryThread(self.context())
         self.deliveries.start()
+        if not self.settings.lane_set.intersection(MODEL_LANES):
+            # A control-only process announces itself too (its metrics URL); the model
+            # lanes' heartbeat (workers/worker_runtime.py) does it in a model worker.
+            name = worker_name()
+            self.heartbeat = Heartbeat(self.context().redis, name, lambda: {
+                "name": name, "lanes": ["control"], "models": [],
+                "metrics_url": metrics.url()}, self.settings.worker_heartbeat_s)
+            self.heartbeat.start()
 
     def shutdown(self) -> None:
         if self.janitor is not None:
             self.janitor.stopping.set()
         if self.deliveries is not None:
             self.deliveries.stopping.set()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self._runtime is not None:
             self._runtime.stop()
 
 
 process = PoolProcess(settings)
+
+
+def _json_logging(**_: Any) -> None:
+    logs.setup(settings)
+
+
+if settings.log_format == "json":  # Celery leaves logging to a receiver of this signal
+    setup_logging.connect(_json_logging, weak=False)
 
 
 def _drain_flag(main_pid: int) -> Path:
@@ -114,12 +139,27 @@ def _shutting_down(how: str = "Warm", **_: Any) -> None:
 
 @worker_process_init.connect
 def _init_child(**_: Any) -> None:
+    logs.setup(settings)  # after the fork: this process's log format and its tracer
+    tracing.setup(settings, "worker" if settings.lane_set.intersection(MODEL_LANES)
+                  else "control")
+    try:  # after the fork: each pool process serves its own metrics
+        metrics.serve(settings.worker_metrics_host, settings.worker_metrics_port)
+    except OSError as e:
+        logging.getLogger("inferq.metrics").error(
+            "metrics server on %s:%s did not start: %s", settings.worker_metrics_host,
+            settings.worker_metrics_port, e)
     if settings.lane_set.intersection(MODEL_LANES):
         process.runtime()
     if "control" in settings.lane_set:
         process.start_janitor()
 
 
+@task_retry.connect
+def _retried(sender: Any = None, **_: Any) -> None:
+    metrics.RETRIES.labels(f"task:{getattr(sender, 'name', 'unknown')}").inc()
+
+
 @worker_process_shutdown.connect
 def _shutdown_child(**_: Any) -> None:
     process.shutdown()
+    tracing.shutdown()  # the last spans are exported

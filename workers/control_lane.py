@@ -8,6 +8,7 @@ import threading
 
 from jobs.context import Context
 from jobs.janitor import sweep
+from workers.metrics import record_sweep
 
 log = logging.getLogger("inferq.janitor")
 
@@ -24,6 +25,7 @@ class JanitorThread(threading.Thread):
         while not self.stopping.wait(self.every_s):
             try:
                 rep = sweep(self.ctx)
+                record_sweep(len(rep.requeued), len(rep.failed), len(rep.expired))
                 if rep.requeued or rep.failed or rep.expired:
                     log.info("janitor: requeued %s, failed %s, expired %s", rep.requeued,
                              rep.failed, rep.expired)

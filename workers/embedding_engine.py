@@ -88,8 +88,11 @@ class EmbeddingEngine:
             self._cond.notify()
         return [it.future for it in items]
 
-    def pending(self) -> int:
+    def pending(self, priority: int | None = None) -> int:
+        """Rows waiting for a pass (of ``priority`` only, if given)."""
         with self._cond:
+            if priority is not None:
+                return len(self._pending.get(priority, ()))
             return sum(len(v) for v in self._pending.values())
 
     def stop(self) -> None:

@@ -23,11 +23,13 @@ from typing import Any
 from jobs import repository as repo
 from jobs import usage
 from jobs.context import Context
+from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard
 from jobs.outputs import Tokens
 from jobs.status import ShardOutcome, ShardStatus
 from storage import keys
 from storage.parquet import read_rows
+from workers import metrics
 from workers.embedding_engine import PRIORITY_BY_TIER
 from workers.runners import Runner
 
@@ -83,6 +85,8 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         assert b is not None
         batch_id, attempt, stalls = b.id, sh.attempt, sh.stalls
         endpoint, tier = b.endpoint, b.service_tier
+        if sh.dispatched_at is not None and sh.claimed_at is not None:
+            metrics.observe_queue(lane_for(tier), b.model or "", sh.claimed_at - sh.dispatched_at)
         payer = Payer(b.tenant_id, b.api_key_id, usage.kind_of(endpoint), b.model or "", tier)
     if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
         return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, ShardOutcome.FAILED,
@@ -157,6 +161,10 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
         c = start_chunk + n
         nxt = submit(n + 1)
         ok, err, completed, failed, tokens = runner.collect(cur)
+        lane = lane_for(payer.service_tier)
+        metrics.BATCH_ROWS.labels(lane, payer.model, "ok").inc(completed)
+        metrics.BATCH_ROWS.labels(lane, payer.model, "error").inc(failed)
+        metrics.ACCEL_SECONDS.labels(lane, payer.model).inc(cur.seconds)
         count_rows(ctx, shard_id, len(nxt.rows) if nxt is not None else 0, len(cur.rows))
         if not healthy():
             runner.cancel(nxt)

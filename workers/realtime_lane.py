@@ -26,12 +26,14 @@ from typing import Any
 
 import orjson
 import redis
+from opentelemetry.trace import Span, SpanKind
 
-from jobs import realtime, usage
+from jobs import admission, logs, realtime, tracing, usage
 from jobs.context import Context
 from jobs.errors import InferqError
 from jobs.outputs import dumps
-from jobs.requests import CHAT, COMPLETIONS, parse_embeddings
+from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
+from workers import metrics
 from workers.embedding_engine import REALTIME, EmbeddingEngine, seconds_of, when_all_done
 from workers.generation import FinishReason, GenerationEngine, Usage
 from workers.generation_request import build_request
@@ -74,6 +76,12 @@ class UsageWriter:
         self.pool.shutdown(wait=True)
 
 
+def _enqueued_at(msg: dict[str, Any]) -> float | None:
+    """When the API pushed ``msg`` (wall clock), if it says."""
+    at = msg.get("enqueued_at")
+    return float(at) if isinstance(at, int | float) else None
+
+
 class MeteredSink(PubSink):
     """A token stream whose usage is recorded when it ends, or when its client went
     away (what was generated until then)."""
@@ -82,10 +90,30 @@ class MeteredSink(PubSink):
                  meter: UsageWriter | None) -> None:
         super().__init__(publisher, msg["id"], cancels)
         self.msg, self.meter = msg, meter
+        self.model, self.enqueued_at = str(msg["body"].get("model", "")), _enqueued_at(msg)
+        self.timer = metrics.StreamTimer(usage.REALTIME, self.model, self.enqueued_at,
+                                         time.time)
+
+    def start(self) -> None:
+        """Admitted to the engine: the end of its queue time."""
+        if self.enqueued_at is not None:
+            metrics.observe_queue(usage.REALTIME, self.model, time.time() - self.enqueued_at)
+        super().start()
+
+    def delta(self, text: str) -> None:
+        self.timer.delta()
+        super().delta(text)
 
     def finish(self, reason: FinishReason, u: Usage) -> None:
         super().finish(reason, u)
+        metrics.observe_request(usage.REALTIME, self.model, str(self.msg["kind"]), "ok",
+                                u.accelerator_s)
         self._bill(u)
+
+    def error(self, status: int, err: dict[str, Any]) -> None:
+        metrics.observe_request(usage.REALTIME, self.model, str(self.msg["kind"]), "error",
+                                None)
+        super().error(status, err)
 
     def abandoned(self, u: Usage) -> None:
         """Called by the engine when it drops the sequence because its client left."""
@@ -95,6 +123,129 @@ class MeteredSink(PubSink):
         if self.meter is not None:
             self.meter.put(self.msg, usage.COMPLETIONS, u.prompt_tokens, u.completion_tokens,
                            u.accelerator_s)
+
+
+class ServicedSink(MeteredSink):
+    """A token stream that also reports its service to the admission model: how long
+    it held a row of the decode batch (start to finish, steps shared with other work
+    included) and its first step (start to first text)."""
+
+    def __init__(self, publisher: Publisher, msg: dict[str, Any], cancels: CancelListener,
+                 meter: UsageWriter | None, service: admission.ServiceMeter) -> None:
+        super().__init__(publisher, msg, cancels, meter)
+        self.service, self.servers = service, 1
+        self.t_start: float | None = None
+        self.t_first: float | None = None
+
+    def start(self) -> None:
+        self.t_start = time.perf_counter()
+        super().start()
+
+    def delta(self, text: str) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        super().delta(text)
+
+    def finish(self, reason: FinishReason, u: Usage) -> None:
+        super().finish(reason, u)
+        self._served()
+
+    def abandoned(self, u: Usage) -> None:
+        super().abandoned(u)
+        self._served()
+
+    def _served(self) -> None:
+        if self.t_start is None:
+            return
+        end = time.perf_counter()
+        first = (self.t_first or end) - self.t_start
+        self.service.record(self.model, end - self.t_start, first, self.servers)
+
+
+def log_fields(msg: Any) -> dict[str, str | None]:
+    """The ids a request's log lines carry: the API request's (else the message's) and
+    its project's."""
+    if not isinstance(msg, dict):
+        return {}
+    rid, project = msg.get("request_id") or msg.get("id"), msg.get("tenant_id")
+    return {"request_id": rid if isinstance(rid, str) else None,
+            "project_id": project if isinstance(project, str) else None}
+
+
+def trace_request(msg: Any) -> Span | None:
+    """The request's CONSUMER span, child of the API's send (the message's
+    ``traceparent``); None when tracing is off."""
+    if not tracing.enabled() or not isinstance(msg, dict):
+        return None
+    body = msg.get("body")
+    return tracing.start(f"realtime {msg.get('kind')}", SpanKind.CONSUMER, parent=msg,
+                         attributes={"messaging.system": "redis",
+                                     "messaging.message.id": str(msg.get("id")),
+                                     "inferq.project_id": msg.get("tenant_id"),
+                                     "gen_ai.request.model": str(body.get("model"))
+                                     if isinstance(body, dict) else None})
+
+
+class TracedSink:
+    """A realtime stream's sink (any of the above) with the request's trace, used only
+    when tracing is on: events on the request's span when the engine admits the
+    sequence and at its first token, a child span for the engine step that prefilled it
+    (admission to first token) and one for the decode steps that followed (first token
+    to the end). Nothing per token beyond a bool check; the span ends with the stream."""
+
+    def __init__(self, inner: MeteredSink, span: Span) -> None:
+        self.inner, self.span = inner, span
+        self.step: Span | None = None
+        self.first, self.ended = True, False
+
+    def start(self) -> None:
+        self.inner.start()
+        self.span.add_event("engine.admitted")
+        self.step = tracing.child(self.span, "engine prefill")
+
+    def delta(self, text: str) -> None:
+        if self.first:
+            self.first = False
+            self.span.add_event("first_token")
+            tracing.end(self.step)
+            self.step = tracing.child(self.span, "engine decode")
+        self.inner.delta(text)
+
+    def finish(self, reason: FinishReason, u: Usage) -> None:
+        self.inner.finish(reason, u)
+        self._end(None, u, {"inferq.finish_reason": str(reason)})
+
+    def fail(self, error: Exception) -> None:
+        self.inner.fail(error)
+        self._end(error, None)
+
+    def error(self, status: int, err: dict[str, Any]) -> None:
+        self.inner.error(status, err)
+        self._end(str(err.get("message", "error")), None,
+                  {"http.response.status_code": status})
+
+    def abandoned(self, u: Usage) -> None:
+        self.inner.abandoned(u)
+        self.span.add_event("cancelled")
+        self._end(None, u)
+
+    def cancelled(self) -> bool:
+        return self.inner.cancelled()
+
+    def _end(self, error: BaseException | str | None, u: Usage | None,
+             attributes: dict[str, Any] | None = None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        attrs = dict(attributes or {})
+        if u is not None:
+            attrs.update({"gen_ai.usage.input_tokens": u.prompt_tokens,
+                          "gen_ai.usage.output_tokens": u.completion_tokens,
+                          "inferq.accelerator_s": u.accelerator_s})
+            if self.step is not None and not self.first:
+                self.step.set_attribute("inferq.decode_steps", max(0, u.completion_tokens - 1))
+        tracing.end(self.step, error)
+        tracing.end(self.span, error, attrs)
 
 
 class RealtimeConsumer(threading.Thread):
@@ -108,8 +259,12 @@ class RealtimeConsumer(threading.Thread):
     def __init__(self, r: redis.Redis, models: list[str], engine: EmbeddingEngine,
                  tokenizer: EmbeddingModel, max_inputs: int,
                  chat: Callable[[str], GenerationEngine], allow: Callable[[], bool],
-                 meter: UsageWriter | None = None) -> None:
+                 meter: UsageWriter | None = None,
+                 service: admission.ServiceMeter | None = None,
+                 max_pending: int = 0) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
+        self.service = service  # the service measurements the heartbeat reports
+        self.max_pending = max_pending  # realtime rows waiting in the engine (0: no cap)
         self.r, self.engine, self.tokenizer, self.max_inputs = r, engine, tokenizer, max_inputs
         self.queues = [realtime.queue_for(m) for m in models]
         self.chat, self.allow, self.meter = chat, allow, meter
@@ -138,6 +293,11 @@ class RealtimeConsumer(threading.Thread):
             if not self.allow():
                 time.sleep(0.5)
                 continue
+            if self.max_pending and self.engine.pending(REALTIME) >= self.max_pending:
+                # A full next pass is already waiting: the rest stays on the shared
+                # queue, for whichever worker frees first (one queue, c servers).
+                time.sleep(0.002)
+                continue
             try:
                 got = self.r.brpop(self.queues, timeout=1)
             except redis.RedisError as e:
@@ -149,14 +309,22 @@ class RealtimeConsumer(threading.Thread):
 
     def take(self, raw: bytes | str) -> None:
         """Handle one message; whatever goes wrong is that request's error answer, and
-        the lane keeps reading."""
+        the lane keeps reading. Its log lines carry the request's ids; with tracing on,
+        the request has a span (child of the API's send) until its answer is sent."""
         msg: Any = None
         try:
             msg = orjson.loads(raw)
-            self.handle(msg)
-        except Exception as e:  # noqa: BLE001 - answered to the caller; the lane lives on
-            log.exception("realtime request failed")
-            self.answer_error(msg, e)
+        except Exception:  # noqa: BLE001 - nobody to answer: the caller times out
+            log.exception("realtime request failed: not a message")
+            return
+        span = trace_request(msg)
+        with logs.bound(**log_fields(msg)), tracing.use(span):
+            try:
+                self.handle(msg, span)
+            except Exception as e:  # noqa: BLE001 - answered to the caller; the lane lives on
+                log.exception("realtime request failed")
+                tracing.end(span, error=e)
+                self.answer_error(msg, e)
 
     def answer_error(self, msg: Any, e: Exception) -> None:
         """Send ``e`` to the caller of ``msg`` (on its stream or its reply list), if the
@@ -172,26 +340,32 @@ class RealtimeConsumer(threading.Thread):
         except Exception as e2:  # noqa: BLE001 - Redis is gone; the caller times out
             log.warning("realtime lane: could not answer %s: %s", msg["id"], e2)
 
-    def handle(self, msg: dict[str, Any]) -> None:
+    def handle(self, msg: dict[str, Any], span: Span | None = None) -> None:
         if msg.get("deadline", 0) < time.time():
+            tracing.end(span, attributes={"inferq.dropped": "the caller has given up"})
             return  # the caller has given up
         if msg["kind"] in (CHAT, COMPLETIONS):
-            self.handle_generation(msg)
+            self.handle_generation(msg, span)
         else:
-            self.handle_embeddings(msg)
+            self.handle_embeddings(msg, span)
 
-    def handle_generation(self, msg: dict[str, Any]) -> None:
+    def handle_generation(self, msg: dict[str, Any], span: Span | None = None) -> None:
         """Validate against the model (prompt length), then stream tokens back."""
-        sink = MeteredSink(self.publisher, msg, self.cancels, self.meter)
+        sink = (MeteredSink(self.publisher, msg, self.cancels, self.meter)
+                if self.service is None else
+                ServicedSink(self.publisher, msg, self.cancels, self.meter, self.service))
         try:
             gen = self.chat(msg["body"]["model"])
             req = build_request(gen.model, msg["kind"], msg["body"])
         except InferqError as e:
             sink.error(e.status, e.to_dict())
+            tracing.end(span, error=e)
             return
-        gen.submit(req, sink, REALTIME)
+        if isinstance(sink, ServicedSink):
+            sink.servers = gen.max_rows  # each running sequence holds a row
+        gen.submit(req, sink if span is None else TracedSink(sink, span), REALTIME)
 
-    def handle_embeddings(self, msg: dict[str, Any]) -> None:
+    def handle_embeddings(self, msg: dict[str, Any], span: Span | None = None) -> None:
         """Queue the inputs; the last vector to arrive sends the whole answer."""
         rid = msg["id"]
         try:
@@ -199,8 +373,11 @@ class RealtimeConsumer(threading.Thread):
             ids = self.tokenizer.prepare(req)  # refuses what the model cannot serve
         except InferqError as e:
             self.reply(rid, {"status": e.status, "error": e.to_dict()})
+            tracing.end(span, error=e)
             return
         futures = self.engine.submit(ids, REALTIME)
+        if (enqueued := _enqueued_at(msg)) is not None:
+            metrics.observe_queue(usage.REALTIME, req.model, time.time() - enqueued)
         ntok = sum(map(len, ids))
 
         def done() -> None:
@@ -210,7 +387,18 @@ class RealtimeConsumer(threading.Thread):
             except Exception as e:  # noqa: BLE001 - returned to the caller as its error
                 status, err = failure(e)
                 self.reply(rid, {"status": status, "error": err})
+                metrics.observe_request(usage.REALTIME, req.model, EMBEDDINGS, "error", None)
+                tracing.end(span, error=e)
                 return
+            tracing.end(span, attributes={"gen_ai.usage.input_tokens": ntok,
+                                          "inferq.inputs": len(ids),
+                                          "inferq.accelerator_s": seconds_of(futures)})
+            metrics.observe_request(usage.REALTIME, req.model, EMBEDDINGS, "ok",
+                                    seconds_of(futures))
+            if self.service is not None:  # one pass at a time: the engine is one server
+                # Its first answer is its own departure: its share of the passes (a
+                # pass's whole time would count the requests batched with it twice).
+                self.service.record(req.model, seconds_of(futures), seconds_of(futures))
             if self.meter is not None:
                 self.meter.put(msg, usage.EMBEDDINGS_KIND, ntok, 0, seconds_of(futures))
 

@@ -16,18 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from jobs.admission import ServiceMeter
 from jobs.context import Context
 from jobs.errors import ModelNotLoaded, Unavailable
 from jobs.registry import CHAT_KIND, EMBEDDINGS_KIND
 from jobs.requests import EMBEDDINGS
 from jobs.settings import Settings
+from workers import metrics
 from workers.batching import BatchPolicy
 from workers.breaker import Breaker
 from workers.embedding_engine import EmbeddingEngine
 from workers.generation import GenerationEngine
 from workers.heartbeat import Heartbeat, worker_name
 from workers.jobs_lane import JobsConsumer
-from workers.metrics import record_batch, record_step
 from workers.realtime_lane import RealtimeConsumer, UsageWriter
 from workers.runners import EmbeddingRunner, GenerationRunner, Runner
 from workers.runtime.cache import registered
@@ -87,7 +88,8 @@ class LazyGenerationEngine:
         model = ChatModel(st.chat_model, path, context_length=m.context_length,
                           fault_oom_above_tokens=st.fault_oom_above_tokens)
         return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
-                                max_rows=st.max_generation_rows * 2, on_step=record_step)
+                                max_rows=st.max_generation_rows * 2,
+                                on_step=metrics.step_recorder(st.chat_model))
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class WorkerRuntime:
     embeddings: EmbeddingEngine
     chat: LazyGenerationEngine
     threads: list[Service] = field(default_factory=list)
+    service: ServiceMeter = field(default_factory=ServiceMeter)  # realtime, for admission
 
     def runner_for(self, endpoint: str) -> Runner:
         """How the shard pipeline feeds rows of ``endpoint`` to this worker's engines."""
@@ -116,9 +119,11 @@ class WorkerRuntime:
         return [self.embedding_model.model_id] + ([self.chat.name] if self.chat.name else [])
 
     def describe(self) -> dict[str, Any]:
-        """What the heartbeat announces: lanes, models, breaker state, engine counters."""
+        """What the heartbeat announces: lanes, models, breaker state, engine counters,
+        and where this process's metrics are scraped."""
         return {"name": self.name, "lanes": sorted(self.settings.lane_set),
-                "breaker": self.breaker.state, "models": self.models(), "stats": self.stats()}
+                "breaker": self.breaker.state, "models": self.models(), "stats": self.stats(),
+                "metrics_url": metrics.url(), "service": self.service.snapshot()}
 
     def stats(self) -> dict[str, Any]:
         e = self.embeddings.stats
@@ -155,9 +160,12 @@ def build_runtime(settings: Settings, ctx: Context,
     model = load_embedding_model(settings, ctx)
     engine = EmbeddingEngine(model, BatchPolicy(settings.max_batch_tokens,
                                                 settings.max_batch_rows),
-                             on_batch=record_batch, on_pass=breaker.record)
+                             on_batch=metrics.batch_recorder(model.model_id),
+                             on_pass=breaker.record)
     rt = WorkerRuntime(settings, ctx, worker_name(), breaker, model, engine,
-                       LazyGenerationEngine(ctx, settings))
+                       LazyGenerationEngine(ctx, settings),
+                       service=ServiceMeter(settings.admission_service_window_s))
+    metrics.register_runtime(rt)
     if settings.preload_chat_model and rt.chat.name:
         rt.chat.get(rt.chat.name)
     _start_lanes(rt)
@@ -183,7 +191,8 @@ def _start_lanes(rt: WorkerRuntime) -> None:
         rt.threads.append(RealtimeConsumer(rt.ctx.redis, rt.models(), rt.embeddings,
                                            rt.embedding_model, st.max_embedding_inputs,
                                            rt.chat.get, allow=rt.breaker.allow,
-                                           meter=UsageWriter(rt.ctx)))
+                                           meter=UsageWriter(rt.ctx), service=rt.service,
+                                           max_pending=st.max_batch_rows))
     if "jobs" in lanes:
         rt.threads.append(JobsConsumer(rt.ctx, rt.embeddings, rt.embedding_model, rt.chat.get,
                                        rt.name, allow=rt.breaker.allow))

@@ -47,6 +47,8 @@ class Up:
     port: int
     env: dict[str, str]
     stderr: Path
+    banner: str  # what `up` printed after its first line, up to its metrics URLs
+    metrics: dict[str, str]  # the metrics URLs `up` printed, by process
 
     def run(self, *args: str, timeout: float = 300,
             **env: str) -> subprocess.CompletedProcess[str]:
@@ -87,8 +89,13 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
             break
         proc.wait(10)
     assert first.startswith("inferq is up"), first + stderr.read_text()
+    banner = [proc.stdout.readline() for _ in range(4)]  # keys, data dir, "metrics (N …):"
+    assert banner[-1].startswith("metrics ("), banner
+    count = int(banner[-1].split("(")[1].split()[0])
+    urls = [proc.stdout.readline() for _ in range(count)]
+    printed = dict(line.strip().rsplit(": ", 1) for line in urls)
     client_env = clean_env(data, INFERQ_API_PORT=str(free_port()))  # nothing listens there
-    yield Up(proc, data, port, client_env, stderr)
+    yield Up(proc, data, port, client_env, stderr, "".join(banner + urls), printed)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -102,6 +109,17 @@ def test_up_writes_where_its_stack_is(up: Up) -> None:
     assert "host=" in state["database_url"]  # the embedded server's socket
     assert state["redis_url"].startswith("unix://")
     assert state["object_store_url"] == f"file://{up.data_dir / 'objects'}"
+
+
+def test_up_prints_each_process_metrics_url(up: Up) -> None:
+    from urllib.request import urlopen
+
+    assert up.metrics["api"] == f"http://127.0.0.1:{up.port}/metrics"
+    workers = [k for k in up.metrics if k != "api"]
+    assert len(workers) == 2 and sum(k.endswith("(control)") for k in workers) == 1, workers
+    for url in up.metrics.values():
+        with urlopen(url, timeout=10) as r:
+            assert b"# TYPE inferq_" in r.read()
 
 
 def test_admin_commands_find_the_stack(up: Up) -> None:
@@ -359,7 +377,7 @@ def test_up_stops_cleanly_and_printed_no_warnings(up: Up) -> None:
     assert up.proc.wait(60) == 0
     assert not (up.data_dir / "stack.json").exists()
     assert up.proc.stdout is not None
-    told = up.proc.stdout.read()  # after the first line, which the fixture read
+    told = up.banner + up.proc.stdout.read()  # after the first line, which the fixture read
     admin_key = (up.data_dir / "admin-api-key").read_text().strip()
     assert f"admin key:    {admin_key}" in told and "OPENAI_ADMIN_KEY" in told, told
     printed = up.stderr.read_text()

@@ -1,0 +1,187 @@
+"""The capacity planner's accuracy: predicted (M/M/c, Erlang C) vs measured p99 wait of
+realtime requests for 1, 2 and 4 workers at two loads each.
+
+For each worker count c, a stack (embedded backends) with c model workers on the
+realtime lane, each with one torch thread and micro-batches of one row
+(INFERQ_MAX_BATCH_ROWS=1: a worker is one server taking one request at a time, the
+M/M/c server). Requests: POST /v1/embeddings of one text from a pool of --texts
+texts whose lengths are exponentially distributed (seed 0; the service time varies
+as M/M/c assumes, though not exactly exponentially).
+1. calibration: each text sent alone, three times, one at a time; its latency
+   without waiting is the least of the three (L0: API, Redis and its own pass);
+2. capacity: a closed loop of 3c clients for --saturate s; μ_sat per worker from
+   the workers' heartbeats;
+3. for each load ρ in --loads: Poisson arrivals at λ = ρ·c·μ_sat for --window s;
+   each request's wait is its latency minus its text's L0; the prediction is Erlang
+   C's p99 wait at that λ with μ as the workers measured it during the run (their
+   heartbeats: the model's input, read from live metrics as `inferq capacity` does).
+Traffic goes to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.admission import MODEL, Caller, closed_loop, pct
+from bench.common import free_port, report
+
+WORDS = ("queue server wait arrival rate service latency objective worker model engine "
+         "batch token request answer capacity load").split()
+
+
+def text_pool(n: int, mean_words: float, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(1 + min(200, int(rng.expovariate(
+        1 / mean_words))))) for _ in range(n)]
+
+
+def measured_mu(r: Any, c: int) -> tuple[float, int]:
+    """Mean μ over the live workers (weighted by requests measured) and their count."""
+    from jobs import admission
+    from jobs.realtime import live_workers
+
+    view = admission.servers_of(live_workers(r, "realtime", MODEL), MODEL)
+    return (view.mu or float("nan")), view.workers
+
+
+def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[str, Any]]:
+    import redis
+
+    from cli.stack import Stack
+    from jobs import admission
+    from jobs.realtime import live_workers
+    from jobs.settings import Settings
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,
+                      torch_threads=1, chat_model="", max_batch_rows=1,
+                      admission_service_window_s=args.window)
+        stack = Stack(st, model_workers=0)
+        try:
+            stack.start()
+            for i in range(c):
+                stack.start_model_worker(f"rt{i}", "realtime")
+            r = redis.Redis.from_url(stack.settings.redis_url)
+            deadline = time.monotonic() + 300
+            while len(live_workers(r, "realtime", MODEL)) < c:
+                assert time.monotonic() < deadline, "workers did not start"
+                time.sleep(0.5)
+            callers = {t: Caller(stack.port, stack.api_key, t) for t in pool}
+            closed_loop(callers[pool[0]], 2 * c, 3)  # warm-up
+            base = {}
+            for t, call in callers.items():
+                lat = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    assert call() == 200
+                    lat.append(time.perf_counter() - t0)
+                base[t] = min(lat)
+            rng = random.Random(1)
+            mixed = MixedCaller(callers, pool, rng)
+            closed_loop(mixed, 3 * c, args.saturate)
+            time.sleep(2.5)  # heartbeats carry the saturated rate
+            mu_sat, _ = measured_mu(r, c)
+            for rho in args.loads:
+                lam = rho * c * mu_sat
+                got = open_loop_texts(mixed, lam, args.window, seed=int(rho * 100))
+                waits = [max(0.0, lat - base[t]) for status, lat, t in got if status == 200]
+                time.sleep(2.5)
+                mu, workers = measured_mu(r, c)
+                predicted = admission.wait_percentile(0.99, c, lam, mu)
+                measured = pct(waits, 0.99)
+                out.append({"workers": c, "rho_offered": rho, "lambda": lam, "mu_sat": mu_sat,
+                            "mu_run": mu, "rho_model": lam / (c * mu), "requests": len(got),
+                            "answered": len(waits), "predicted_p99_s": predicted,
+                            "measured_p99_s": measured,
+                            "measured_p50_s": pct(waits, 0.5),
+                            "predicted_p50_s": admission.wait_percentile(0.5, c, lam, mu),
+                            "error": predicted / measured - 1 if measured > 0 else None,
+                            "base_latency_median_s": statistics.median(base.values())})
+                while admission.lane_state(r, MODEL, 10).in_system > 0:
+                    time.sleep(0.2)
+        finally:
+            stack.stop()
+    return out
+
+
+class MixedCaller:
+    """Each call sends a random text of the pool (one keep-alive connection per thread
+    and text); returns the status and the text sent."""
+
+    def __init__(self, callers: dict[str, Caller], pool: list[str], rng: random.Random
+                 ) -> None:
+        self.callers, self.pool, self.rng = callers, pool, rng
+        self.lock = threading.Lock()
+
+    def pick(self) -> str:
+        with self.lock:
+            return self.rng.choice(self.pool)
+
+    def __call__(self) -> int:
+        return self.callers[self.pick()]()
+
+
+def open_loop_texts(mixed: MixedCaller, rate: float, window: float, seed: int
+                    ) -> list[tuple[int, float, str]]:
+    """Poisson arrivals at ``rate`` for ``window`` s: (status, latency, text)."""
+    rng = random.Random(seed)
+    out: list[tuple[int, float, str]] = []
+    lock = threading.Lock()
+
+    def one(at: float, text: str) -> None:
+        try:
+            status = mixed.callers[text]()
+        except OSError:
+            status = 0
+        with lock:
+            out.append((status, time.perf_counter() - at, text))
+
+    with ThreadPoolExecutor(256) as pool:
+        start, at = time.perf_counter(), 0.0
+        while True:
+            at += rng.expovariate(rate)
+            if at > window:
+                break
+            text = rng.choice(mixed.pool)
+            time.sleep(max(0.0, start + at - time.perf_counter()))
+            pool.submit(one, start + at, text)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.8])
+    ap.add_argument("--window", type=float, default=20)
+    ap.add_argument("--saturate", type=float, default=8)
+    ap.add_argument("--texts", type=int, default=24)
+    ap.add_argument("--mean-words", type=float, default=40)
+    args = ap.parse_args()
+    pool = text_pool(args.texts, args.mean_words, seed=0)
+    rows: list[dict[str, Any]] = []
+    for c in args.workers:
+        rows += one_config(c, args, pool)
+    table = [[x["workers"], f"{x['rho_offered']:.1f}", f"{x['lambda']:.1f}",
+              f"{x['mu_run']:.1f}", f"{x['rho_model']:.2f}", x["answered"],
+              f"{x['predicted_p50_s'] * 1000:.0f}", f"{x['measured_p50_s'] * 1000:.0f}",
+              f"{x['predicted_p99_s'] * 1000:.0f}", f"{x['measured_p99_s'] * 1000:.0f}",
+              "" if x["error"] is None else f"{x['error']:+.0%}"] for x in rows]
+    within = sum(1 for x in rows if x["error"] is not None and abs(x["error"]) <= 0.25)
+    report("planner", f"predicted (M/M/c) vs measured realtime wait; {within} of {len(rows)} "
+           "p99 predictions within 25 %",
+           ["workers", "ρ offered", "λ /s", "μ /s/worker", "ρ model", "answered",
+            "p50 pred ms", "p50 meas ms", "p99 pred ms", "p99 meas ms", "p99 error"],
+           table, {"rows": rows, "within_25pct": within, "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""``inferq capacity``: how many workers a lane needs for an arrival rate and a wait
+objective, by the M/M/c model admission control uses (``jobs.admission``).
+
+The service time is the one given, or the one the stack's live workers measured
+(their heartbeats' service reports, as the API reads them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+from cli import state
+from jobs import admission
+from jobs.settings import Settings
+
+
+def _fmt(s: float) -> str:
+    return "∞" if math.isinf(s) else f"{s:.3f} s"
+
+
+def _measured(model: str) -> admission.Servers:
+    """The model's servers on the realtime lane of this data dir's stack."""
+    import redis
+
+    st = state.resolve(Settings.from_env())
+    if not st.redis_url:
+        raise click.ClickException(
+            f"no inferq stack runs on data dir {st.data_dir} to measure the service time: "
+            "give --service-time, start a stack with `inferq up`, or set INFERQ_REDIS_URL")
+    r = redis.Redis.from_url(st.redis_url, socket_connect_timeout=3, socket_timeout=5)
+    try:
+        from jobs.realtime import live_workers
+
+        beats = live_workers(r, admission.LANE, model)
+    except redis.RedisError as e:
+        raise click.ClickException(f"cannot read the workers' heartbeats from Redis "
+                                   f"({st.redis_url}): {e}") from None
+    finally:
+        r.close()
+    view = admission.servers_of(beats, model)
+    if not beats:
+        raise click.ClickException(f"no live worker serves {model} on the realtime lane: "
+                                   "start one, or give --service-time")
+    if view.mu is None:
+        raise click.ClickException(
+            f"no live worker has measured {model} yet (within INFERQ_ADMISSION_SERVICE_"
+            "WINDOW_S): send it some realtime requests, or give --service-time")
+    return view
+
+
+@click.command()
+@click.option("--lane", type=click.Choice([admission.LANE]), required=True,
+              help="the lane to plan (realtime: the one with a latency objective)")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="arrivals per second")
+@click.option("--slo", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="the wait objective in seconds, at --percentile")
+@click.option("--service-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="seconds a worker takes per request (default: measured by the stack's "
+                   "live workers)")
+@click.option("--model", default=None, help="the model (default: INFERQ_EMBEDDING_MODEL)")
+@click.option("--percentile", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, help="default: INFERQ_REALTIME_SLO_PERCENTILE (0.99)")
+def capacity(lane: str, rate: float, slo: float, service_time: float | None,
+             model: str | None, percentile: float | None) -> None:
+    """Workers needed on LANE for RATE arrivals/s with the PERCENTILE wait within SLO
+    seconds, with the predicted p50/p99 wait (M/M/c, Erlang C)."""
+    st = Settings.from_env()
+    model = model or st.embedding_model
+    p = percentile or st.realtime_slo_percentile
+    if service_time is not None:
+        mu, per, source = 1 / service_time, 1.0, "given"
+    else:
+        view = _measured(model)
+        mu, per = view.mu or 0.0, max(view.servers_per_worker, 1.0)
+        source = f"measured by {view.workers} live worker(s)"
+    servers = admission.servers_needed(rate, mu, slo, p)
+    workers = max(1, math.ceil(servers / per))
+    c = max(1, round(workers * per))
+    click.echo(f"{lane} lane, {model}: {rate:g} requests/s, service time "
+               f"{1000 / mu:.2f} ms per request ({source}; {per:g} server(s) per worker); "
+               f"objective: p{p * 100:g} wait ≤ {slo:g} s")
+    extra = p not in (0.5, 0.99)  # a column of its own for another percentile
+    click.echo(f"  {'WORKERS':>7} {'UTILISATION':>11} {'P(WAIT)':>8} {'P50 WAIT':>10} "
+               f"{'P99 WAIT':>10}" + (f" {f'P{p * 100:g} WAIT':>10}" if extra else ""))
+    first = max(1, workers - 2)
+    for w in range(first, workers + 2):
+        cw = max(1, round(w * per))
+        util = rate / (cw * mu)
+        pw = admission.erlang_c(cw, rate / mu)
+        mark = " <- needed" if w == workers else ""
+        click.echo(f"  {w:>7} {util:>11.3f} {pw:>8.3f} "
+                   f"{_fmt(admission.wait_percentile(0.5, cw, rate, mu)):>10} "
+                   f"{_fmt(admission.wait_percentile(0.99, cw, rate, mu)):>10}"
+                   + (f" {_fmt(admission.wait_percentile(p, cw, rate, mu)):>10}" if extra
+                      else "") + mark)
+    click.echo(f"workers needed: {workers} (predicted wait p50 "
+               f"{_fmt(admission.wait_percentile(0.5, c, rate, mu))}, p99 "
+               f"{_fmt(admission.wait_percentile(0.99, c, rate, mu))})")
