@@ -95,6 +95,11 @@ def create_app(settings: Settings | None = None) -> Flask:
             logs.bind(project_id=g.tenant_id)
         check_path_ids(request.view_args or {})
 
+    @app.teardown_request
+    def unbind_logs(_exc: BaseException | None) -> None:
+        """A stream's request ends with its stream; nothing leaks into the next one."""
+        logs.clear()
+
     @app.after_request
     def end_trace(resp: Response) -> Response:
         if "request_id" in g:

@@ -43,7 +43,8 @@ def bound(**fields: str | None) -> Iterator[None]:
 
 
 def bind(**fields: str | None) -> None:
-    """Set fields for the rest of this context (a Flask request: each has its own)."""
+    """Set fields for the rest of this context (the API clears them when its request
+    ends: a server thread keeps one context across the requests it serves)."""
     for k, v in fields.items():
         if v is not None:
             _vars[k].set(v)
