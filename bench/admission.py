@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, report
+from bench.common import free_port, poisson_arrivals, report
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = ("Queueing theory describes how requests wait for servers: arrivals come at random, "
@@ -113,13 +113,8 @@ def open_loop(call: Caller, rate: float, window: float, seed: int) -> list[tuple
             out.append((status, time.perf_counter() - at))
 
     with ThreadPoolExecutor(512) as pool:
-        start, at = time.perf_counter(), 0.0
-        while True:
-            at += rng.expovariate(rate)
-            if at > window:
-                break
-            time.sleep(max(0.0, start + at - time.perf_counter()))
-            pool.submit(one, start + at)
+        for due in poisson_arrivals(rng, rate, window):
+            pool.submit(one, due)
     return out
 
 

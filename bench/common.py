@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def poisson_arrivals(rng: random.Random, rate: float, window: float) -> Iterator[float]:
+    """A Poisson process of ``rate`` per second for ``window`` seconds: yields each
+    arrival when it is due, as its scheduled ``time.perf_counter()``."""
+    start, at = time.perf_counter(), 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at > window:
+            return
+        time.sleep(max(0.0, start + at - time.perf_counter()))
+        yield start + at
 
 
 def spread(xs: list[float]) -> str:

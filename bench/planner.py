@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.admission import MODEL, Caller, closed_loop, pct
-from bench.common import free_port, report
+from bench.common import free_port, poisson_arrivals, report
 
 WORDS = ("queue server wait arrival rate service latency objective worker model engine "
          "batch token request answer capacity load").split()
@@ -146,14 +146,8 @@ def open_loop_texts(mixed: MixedCaller, rate: float, window: float, seed: int
             out.append((status, time.perf_counter() - at, text))
 
     with ThreadPoolExecutor(256) as pool:
-        start, at = time.perf_counter(), 0.0
-        while True:
-            at += rng.expovariate(rate)
-            if at > window:
-                break
-            text = rng.choice(mixed.pool)
-            time.sleep(max(0.0, start + at - time.perf_counter()))
-            pool.submit(one, start + at, text)
+        for due in poisson_arrivals(rng, rate, window):
+            pool.submit(one, due, rng.choice(mixed.pool))
     return out
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, report
+from bench.common import free_port, poisson_arrivals, report
 from bench.generation import prompts
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -70,17 +70,10 @@ def realtime_wave(client: Any, rate: float, window: float, seed: int) -> list[fl
         except BaseException as e:  # noqa: BLE001 - reported
             errors.append(e)
 
-    start = time.perf_counter()
-    at, i = 0.0, 0
-    while True:
-        at += rng.expovariate(rate)
-        if at > window:
-            break
-        time.sleep(max(0.0, start + at - time.perf_counter()))
+    for i, _ in enumerate(poisson_arrivals(rng, rate, window)):
         t = threading.Thread(target=one, args=(i,))
         t.start()
         threads.append(t)
-        i += 1
     for t in threads:
         t.join(300)
     if errors:
