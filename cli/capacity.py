@@ -1,8 +1,9 @@
 """``inferq capacity``: how many workers a lane needs for an arrival rate and a wait
-objective, by the M/M/c model admission control uses (``jobs.admission``).
+objective, by the queueing model the scaling signal uses (``jobs.admission``: M/G/c,
+Erlang C with Allen–Cunneen's correction for the spread of service times).
 
-The service time is the one given, or the one the stack's live workers measured
-(their heartbeats' service reports, as the API reads them).
+The service time and its spread are the ones given, or the ones the stack's live
+workers measured (their heartbeats' service reports, as the API reads them).
 """
 
 from __future__ import annotations
@@ -60,27 +61,37 @@ def _measured(model: str) -> admission.Servers:
 @click.option("--service-time", type=click.FloatRange(min=0, min_open=True), default=None,
               help="seconds a worker takes per request (default: measured by the stack's "
                    "live workers)")
+@click.option("--service-scv", type=click.FloatRange(min=0), default=None,
+              help="the service times' squared coefficient of variation (variance ÷ "
+                   "mean²; 1: exponential, 0: constant). Default: measured by the live "
+                   "workers, or 1 with --service-time")
 @click.option("--model", default=None, help="the model (default: INFERQ_EMBEDDING_MODEL)")
 @click.option("--percentile", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None, help="default: INFERQ_REALTIME_SLO_PERCENTILE (0.99)")
 def capacity(lane: str, rate: float, slo: float, service_time: float | None,
-             model: str | None, percentile: float | None) -> None:
+             service_scv: float | None, model: str | None, percentile: float | None) -> None:
     """Workers needed on LANE for RATE arrivals/s with the PERCENTILE wait within SLO
-    seconds, with the predicted p50/p99 wait (M/M/c, Erlang C)."""
+    seconds, with the predicted p50/p99 wait (M/G/c: Erlang C, Allen–Cunneen)."""
     st = Settings.from_env()
     model = model or st.embedding_model
     p = percentile or st.realtime_slo_percentile
     if service_time is not None:
-        mu, per, source = 1 / service_time, 1.0, "given"
+        mu, per, scv, source = 1 / service_time, 1.0, 1.0, "given"
     else:
         view = _measured(model)
-        mu, per = view.mu or 0.0, max(view.servers_per_worker, 1.0)
+        mu, per, scv = view.mu or 0.0, max(view.servers_per_worker, 1.0), view.scv
         source = f"measured by {view.workers} live worker(s)"
-    servers = admission.servers_needed(rate, mu, slo, p)
+    scv = scv if service_scv is None else service_scv
+
+    def wait(q: float, servers: int) -> str:
+        return _fmt(admission.wait_percentile(q, servers, rate, mu, scv))
+
+    servers = admission.servers_needed(rate, mu, slo, p, scv=scv)
     workers = max(1, math.ceil(servers / per))
     c = max(1, round(workers * per))
     click.echo(f"{lane} lane, {model}: {rate:g} requests/s, service time "
-               f"{1000 / mu:.2f} ms per request ({source}; {per:g} server(s) per worker); "
+               f"{1000 / mu:.2f} ms per request, squared coefficient of variation "
+               f"{scv:.2f} ({source}; {per:g} server(s) per worker); "
                f"objective: p{p * 100:g} wait ≤ {slo:g} s")
     extra = p not in (0.5, 0.99)  # a column of its own for another percentile
     click.echo(f"  {'WORKERS':>7} {'UTILISATION':>11} {'P(WAIT)':>8} {'P50 WAIT':>10} "
@@ -91,11 +102,7 @@ def capacity(lane: str, rate: float, slo: float, service_time: float | None,
         util = rate / (cw * mu)
         pw = admission.erlang_c(cw, rate / mu)
         mark = " <- needed" if w == workers else ""
-        click.echo(f"  {w:>7} {util:>11.3f} {pw:>8.3f} "
-                   f"{_fmt(admission.wait_percentile(0.5, cw, rate, mu)):>10} "
-                   f"{_fmt(admission.wait_percentile(0.99, cw, rate, mu)):>10}"
-                   + (f" {_fmt(admission.wait_percentile(p, cw, rate, mu)):>10}" if extra
-                      else "") + mark)
-    click.echo(f"workers needed: {workers} (predicted wait p50 "
-               f"{_fmt(admission.wait_percentile(0.5, c, rate, mu))}, p99 "
-               f"{_fmt(admission.wait_percentile(0.99, c, rate, mu))})")
+        click.echo(f"  {w:>7} {util:>11.3f} {pw:>8.3f} {wait(0.5, cw):>10} "
+                   f"{wait(0.99, cw):>10}" + (f" {wait(p, cw):>10}" if extra else "") + mark)
+    click.echo(f"workers needed: {workers} (predicted wait p50 {wait(0.5, c)}, "
+               f"p99 {wait(0.99, c)})")

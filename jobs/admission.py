@@ -2,7 +2,8 @@
 capacity planner (``inferq capacity``) and of the scaling signal
 (``inferq_desired_workers``).
 
-The model is M/M/c. Each live worker holding a model is one or more servers
+The model is M/G/c: Poisson arrivals, c servers, service times of any spread. Each
+live worker holding a model is one or more servers
 (``servers``: 1 for the embedding engine, whose forward passes run one at a time;
 the realtime row cap for the generation engine, where each running sequence holds a
 row of the decode batch), each serving at rate μ: the requests a worker answered in
@@ -12,10 +13,16 @@ request's share of the forward passes that computed it, so μ is the batched rat
 engine reaches at the load it sees; for generation it is the wall time a sequence
 held its row, steps shared with batch work included (the occupancy the lane shares).
 
-- **Stationary** (Erlang C): with arrival rate λ, offered load a = λ/μ and c servers,
-  a request waits with probability C(c, a) and P(W > t) = C(c, a)·e^{-(cμ-λ)t}. The
-  planner and ``inferq_desired_workers`` use this with λ measured by the API: arrivals
-  per model over a sliding window in Redis, shared by every API process.
+- **Stationary** (Erlang C with Allen–Cunneen's correction): with arrival rate λ,
+  offered load a = λ/μ and c servers, a request waits with probability C(c, a) and
+  P(W > t) = C(c, a)·e^{-(cμ-λ)t/k}, k = (1 + Cs²)/2, where Cs² is the squared
+  coefficient of variation of the service times (variance ÷ mean², measured by the
+  workers beside μ). With exponential service (Cs² = 1) this is M/M/c exactly; service
+  times less variable than that (a fixed cost per pass plus a part growing with the
+  input: Cs² of 0.1 to 0.5 here) wait less, and M/M/c would over-predict their tail
+  by up to 1/k. The planner and ``inferq_desired_workers`` use this with λ measured by
+  the API: arrivals per model over a sliding window in Redis, shared by every API
+  process.
 - **Given the state a request arrives in** (the admission decision): with n requests
   in the system (admitted, not yet answered; counted in Redis by the API) a new one
   waits for nothing when n < c, otherwise for n - c + 1 departures at rate cμ: an
@@ -94,14 +101,20 @@ def erlang_c(c: int, a: float) -> float:
     return c * b / (c - a * (1 - b))
 
 
-def wait_tail(t: float, c: int, lam: float, mu: float) -> float:
-    """P(W > t) in the stationary M/M/c queue."""
+def _spread(scv: float) -> float:
+    """Allen–Cunneen's factor for Poisson arrivals (Ca² = 1): (Ca² + Cs²) / 2."""
+    return (1.0 + max(scv, 0.0)) / 2
+
+
+def wait_tail(t: float, c: int, lam: float, mu: float, scv: float = 1.0) -> float:
+    """P(W > t) in the stationary M/G/c queue whose service times have squared
+    coefficient of variation ``scv`` (1: exponential, M/M/c exactly)."""
     if lam >= c * mu:
         return 1.0
-    return erlang_c(c, lam / mu) * math.exp(-(c * mu - lam) * t)
+    return erlang_c(c, lam / mu) * math.exp(-(c * mu - lam) * t / _spread(scv))
 
 
-def wait_percentile(p: float, c: int, lam: float, mu: float) -> float:
+def wait_percentile(p: float, c: int, lam: float, mu: float, scv: float = 1.0) -> float:
     """The p-th percentile of the stationary wait (0 when fewer than 1-p wait at all;
     infinite when λ ≥ cμ)."""
     if lam <= 0:
@@ -111,20 +124,20 @@ def wait_percentile(p: float, c: int, lam: float, mu: float) -> float:
     pc = erlang_c(c, lam / mu)
     if pc <= 1 - p:
         return 0.0
-    return math.log(pc / (1 - p)) / (c * mu - lam)
+    return math.log(pc / (1 - p)) * _spread(scv) / (c * mu - lam)
 
 
-def mean_wait(c: int, lam: float, mu: float) -> float:
+def mean_wait(c: int, lam: float, mu: float, scv: float = 1.0) -> float:
     if lam >= c * mu:
         return math.inf
-    return erlang_c(c, lam / mu) / (c * mu - lam)
+    return erlang_c(c, lam / mu) * _spread(scv) / (c * mu - lam)
 
 
 def servers_needed(lam: float, mu: float, budget_s: float, p: float,
-                   limit: int = 100_000) -> int:
+                   limit: int = 100_000, scv: float = 1.0) -> int:
     """The fewest servers whose stationary p-th percentile wait is within ``budget_s``."""
     c = max(1, math.floor(lam / mu) + 1)
-    while c < limit and wait_percentile(p, c, lam, mu) > budget_s:
+    while c < limit and wait_percentile(p, c, lam, mu, scv) > budget_s:
         c += 1
     return c
 
@@ -198,8 +211,9 @@ class ServiceMeter:
             self._servers[model] = servers
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Per model: ``rate`` (μ, requests/s per server while busy), ``first_s`` (the
-        mean service until a first answer), ``servers`` and the ``requests`` measured."""
+        """Per model: ``rate`` (μ, requests/s per server while busy), ``scv`` (the
+        squared coefficient of variation of the service times), ``first_s`` (the mean
+        service until a first answer), ``servers`` and the ``requests`` measured."""
         cut = time.monotonic() - self.window_s
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
@@ -209,7 +223,10 @@ class ServiceMeter:
                 busy = sum(b for _, b, _ in seen)
                 if not seen or busy <= 0:
                     continue
+                mean = busy / len(seen)
+                var = sum((b - mean) ** 2 for _, b, _ in seen) / len(seen)
                 out[model] = {"rate": len(seen) / busy, "servers": self._servers[model],
+                              "scv": var / mean ** 2 if len(seen) > 1 else 1.0,
                               "first_s": sum(f for _, _, f in seen) / len(seen),
                               "requests": len(seen)}
         return out
@@ -223,6 +240,7 @@ class Servers:
     servers_per_worker: float  # mean over the workers
     mu: float | None  # requests/s per server; None until some worker measured it
     first_s: float  # the mean service until a first answer
+    scv: float = 1.0  # the service times' squared coefficient of variation
 
     @property
     def c(self) -> int:
@@ -240,7 +258,8 @@ def servers_of(heartbeats: list[dict[str, Any]], model: str) -> Servers:
     mu = sum(m["rate"] * m["requests"] for m in measured) / n
     first = sum(m["first_s"] * m["requests"] for m in measured) / n
     per = sum(m["servers"] for m in measured) / len(measured)
-    return Servers(len(heartbeats), per, mu, first)
+    scv = sum(float(m.get("scv", 1.0)) * m["requests"] for m in measured) / n
+    return Servers(len(heartbeats), per, mu, first, scv)
 
 
 # The API side: arrivals, requests in the system, the decision ----------------------------------
@@ -393,7 +412,8 @@ def desired_workers(r: redis.Redis, model: str, slo_s: float, percentile: float,
                        state.in_system)
     budget = max(slo_s - view.first_s, 1e-3)
     per = max(view.servers_per_worker, 1.0)
-    c = servers_needed(state.rate, view.mu, budget, percentile) if state.rate > 0 else 0
+    c = (servers_needed(state.rate, view.mu, budget, percentile, scv=view.scv)
+         if state.rate > 0 else 0)
     backlog = math.ceil(state.in_system / (view.mu * budget))
     return Desired(model, max(1, math.ceil(max(c, backlog) / per)), state.rate, view,
                    state.in_system)

@@ -219,6 +219,23 @@ def test_capacity_with_a_given_service_time(env) -> None:  # type: ignore[no-unt
     assert math.isinf(admission.wait_percentile(0.99, 1, 40, 25))  # 1 worker: unstable
 
 
+def test_capacity_with_the_spread_of_service_times(env) -> None:  # type: ignore[no-untyped-def]
+    """Service times less variable than exponential wait less (M/G/c): fewer workers."""
+    args = ["capacity", "--lane", "realtime", "--rate", "60", "--slo", "0.06",
+            "--service-time", "0.04"]
+    exp = run_cli(args, env["settings"])
+    low = run_cli([*args, "--service-scv", "0.1"], env["settings"])
+    assert exp.exit_code == 0 and low.exit_code == 0, (exp.output, low.output)
+    want_exp = admission.servers_needed(60, 25, 0.06, 0.99)
+    want_low = admission.servers_needed(60, 25, 0.06, 0.99, scv=0.1)
+    assert want_low < want_exp
+    assert f"workers needed: {want_exp} " in exp.output
+    assert f"workers needed: {want_low} " in low.output
+    assert "squared coefficient of variation 0.10" in low.output
+    p99 = admission.wait_percentile(0.99, want_low, 60, 25, 0.1)
+    assert f"p99 {p99:.3f} s" in low.output
+
+
 def test_capacity_from_the_live_workers(env) -> None:  # type: ignore[no-untyped-def]
     st = env["settings"]
     res = run_cli(["capacity", "--lane", "realtime", "--rate", "40", "--slo", "0.45"], st,
@@ -273,7 +290,7 @@ def test_a_real_worker_measures_its_service_rate(fstack, fsdk, workers) -> None:
             break
         time.sleep(0.5)
     assert measured["requests"] == sent and measured["servers"] == 1
-    assert measured["rate"] > 0 and 0 < measured["first_s"] < 30
+    assert measured["rate"] > 0 and 0 < measured["first_s"] < 30 and measured["scv"] >= 0
     # An embeddings request's first answer is its own departure: first_s is 1/μ.
     assert measured["rate"] * measured["first_s"] == pytest.approx(1.0)
     res = run_cli(["capacity", "--lane", "realtime", "--rate", "1", "--slo", "1"],
