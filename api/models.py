@@ -15,9 +15,11 @@ bp = Blueprint("models", __name__)
 
 
 def model_object(m: Model) -> dict[str, Any]:
-    """The OpenAI model object; version, kind and context_length are extensions."""
+    """The OpenAI model object; version, kind, precision and context_length are
+    extensions."""
     return {"id": m.name, "object": "model", "created": m.created_at, "owned_by": m.owned_by,
-            "version": m.version, "kind": m.kind, "context_length": m.context_length}
+            "version": m.version, "kind": m.kind, "precision": m.precision,
+            "context_length": m.context_length}
 
 
 @bp.get("/models")

@@ -242,10 +242,55 @@ def models_list() -> None:
     if not rows:
         click.echo("no models registered (run: inferq models import)")
         return
-    click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'CONTEXT':>7} {'SIZE':>10}  SOURCE")
+    click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'PRECISION':<9} {'CONTEXT':>7} "
+               f"{'SIZE':>10}  SOURCE")
     for m in rows:
         click.echo(f"{'*' if m.is_default else ' '} {m.name:<28} {m.version:<8} {m.kind:<11} "
-                   f"{m.context_length:>7} {registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
+                   f"{m.precision:<9} {m.context_length:>7} "
+                   f"{registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
+
+
+@models.command("derive")
+@click.argument("name")
+@click.option("--from", "base", required=True, help="the version whose files it serves")
+@click.option("--version", "version", required=True, help="the new version's name")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16", "int8"]),
+              required=True, help="bf16/fp16: GPU workers; int8: CPU workers")
+@click.option("--default", "make_default", is_flag=True,
+              help="serve it under the bare name from now on")
+def models_derive(name: str, base: str, version: str, precision: str,
+                  make_default: bool) -> None:
+    """Register a version of NAME that serves the files of another in PRECISION."""
+    from jobs import registry
+    from jobs.context import Context
+
+    ctx = Context(_backends(DATABASE))
+    try:
+        m = registry.derive(ctx, name, base, version, precision, make_default)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        ctx.close()
+    click.echo(f"{name}: version {m.version} registered ({m.precision}, the files of "
+               f"{base}){'; now the default' if m.is_default else ''}")
+
+
+@models.command("default")
+@click.argument("name")
+@click.argument("version")
+def models_default(name: str, version: str) -> None:
+    """Serve VERSION under the bare NAME (workers load it when they next start)."""
+    from jobs import registry
+    from jobs.context import Context
+
+    ctx = Context(_backends(DATABASE))
+    try:
+        m = registry.set_default(ctx, name, version)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        ctx.close()
+    click.echo(f"{name}: version {m.version} ({m.precision}) is the default")
 
 
 main.add_command(admin.admin_key_command)

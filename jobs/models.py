@@ -287,6 +287,8 @@ class Model(Base):
     object_prefix: Mapped[str] = mapped_column(String(1024))  # models/<name>/<version>/
     files: Mapped[list[Any]] = mapped_column(JSONB)
     context_length: Mapped[int] = mapped_column(Integer)
+    # The numeric precision a worker loads the weights in (jobs.registry.PRECISIONS).
+    precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     owned_by: Mapped[str] = mapped_column(String(64), default="inferq")
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)

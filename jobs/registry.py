@@ -42,6 +42,10 @@ from storage.objects import ObjectNotFound
 
 EMBEDDINGS_KIND, CHAT_KIND = "embeddings", "chat"
 KINDS = (EMBEDDINGS_KIND, CHAT_KIND)
+# The precisions a version's weights are served in: fp32 anywhere; bf16 and fp16 on a
+# GPU; int8 (dynamic quantization of the linear layers) on a CPU.
+FP32 = "fp32"
+PRECISIONS = (FP32, "bf16", "fp16", "int8")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Registrations made by this process: a snapshot of the registry read before the
 # latest one (jobs.catalog's cache) is stale.
@@ -147,8 +151,12 @@ def total_bytes(model: Model) -> int:
 
 def register(ctx: Context, name: str, version: str, kind: str, source: str,
              files: list[dict[str, Any]], context_length: int, owned_by: str = "inferq",
-             object_prefix: str | None = None) -> Model:
-    """Insert or update (name, version); then the newest version of the name is its default.
+             object_prefix: str | None = None, precision: str = FP32,
+             default: str = "newest") -> Model:
+    """Insert or update (name, version); then the name's default is, by ``default``:
+    ``newest``, its newest fp32 version (a version in another precision is never the
+    default by being newer); ``this``, this version; ``keep``, the default it has (this
+    version when it has none).
 
     Idempotent. The files must already be in the store under ``object_prefix``
     (default: the repository layout). Concurrent registrations of one name are
@@ -158,6 +166,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
     _check_segment("version", version, 64)
     if kind not in KINDS:
         raise ValueError(f"invalid model kind {kind!r} (one of {', '.join(KINDS)})")
+    if precision not in PRECISIONS:
+        raise ValueError(f"invalid precision {precision!r} (one of {', '.join(PRECISIONS)})")
     if context_length <= 0:
         raise ValueError("context_length must be positive")
     for f in files:
@@ -166,7 +176,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
              for f in files]
     values = {"kind": kind, "source": source,
               "object_prefix": object_prefix or keys.model_prefix(name, version),
-              "files": clean, "context_length": int(context_length), "owned_by": owned_by}
+              "files": clean, "context_length": int(context_length), "owned_by": owned_by,
+              "precision": precision}
     with ctx.db.session() as s:
         s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
         s.execute(pg_insert(Model)
@@ -174,19 +185,50 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
                           **values)
                   .on_conflict_do_update(index_elements=[Model.name, Model.version],
                                          set_=values))
-        newest = max(s.scalars(select(Model.version).where(Model.name == name)),
-                     key=version_key)
-        # Two statements: the partial unique index is checked row by row.
-        s.execute(update(Model)
-                  .where(Model.name == name, Model.version != newest, Model.is_default)
-                  .values(is_default=False))
-        s.execute(update(Model).where(Model.name == name, Model.version == newest)
-                  .values(is_default=True))
+        has_default = s.scalar(select(Model.version).where(Model.name == name,
+                                                            Model.is_default))
+        if default != "keep" or has_default is None:
+            full = list(s.scalars(select(Model.version).where(Model.name == name,
+                                                              Model.precision == FP32)))
+            newest = (max(full, key=version_key) if default == "newest" and full
+                      else version)
+            # Two statements: the partial unique index is checked row by row.
+            s.execute(update(Model)
+                      .where(Model.name == name, Model.version != newest, Model.is_default)
+                      .values(is_default=False))
+            s.execute(update(Model).where(Model.name == name, Model.version == newest)
+                      .values(is_default=True))
         model = s.get(Model, (name, version), populate_existing=True)
         assert model is not None
     global _last_registration
     _last_registration = next(_registrations)
     return model
+
+
+def derive(ctx: Context, name: str, base_version: str, version: str, precision: str,
+           make_default: bool = False) -> Model:
+    """Register ``version`` of ``name``: the files of ``base_version`` (shared, not
+    copied) served in ``precision``; the default of the name only with
+    ``make_default``. Idempotent; ValueError for an unknown base."""
+    base = get(ctx, name, base_version)
+    if base is None:
+        raise ValueError(f"{name} has no version {base_version!r}")
+    if version == base_version:
+        raise ValueError("the derived version needs a version name of its own")
+    return register(ctx, name, version, base.kind, f"{base.source} ({precision} of "
+                    f"{base_version})", base.files, base.context_length, base.owned_by,
+                    object_prefix=base.object_prefix, precision=precision,
+                    default="this" if make_default else "keep")
+
+
+def set_default(ctx: Context, name: str, version: str) -> Model:
+    """Make ``version`` the one served under ``name``; ValueError if it is not registered."""
+    m = get(ctx, name, version)
+    if m is None:
+        raise ValueError(f"{name} has no version {version!r}")
+    return register(ctx, name, version, m.kind, m.source, m.files, m.context_length,
+                    m.owned_by, object_prefix=m.object_prefix, precision=m.precision,
+                    default="this")
 
 
 def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from workers.runtime import precision as precisions
 from workers.runtime import token_count
 from workers.runtime.faults import inject_oom
 
@@ -75,17 +76,20 @@ class KV:
 class ChatModel:
     """Loaded once per worker process; only the engine thread calls prefill/decode.
 
-    ``context_length``: the window the registry records for it (the config's when None)."""
+    ``context_length``: the window the registry records for it (the config's when None).
+    ``precision``: the registry version's (workers.runtime.precision)."""
 
     def __init__(self, model_id: str, path: Path, context_length: int | None = None,
-                 fault_oom_above_tokens: int = 0) -> None:
+                 fault_oom_above_tokens: int = 0, precision: str = "fp32") -> None:
         self.model_id = model_id
+        self.precision = precision
         # Fault injection (tests): out of memory when rows x width exceeds this.
         self.fault_oom_above_tokens = fault_oom_above_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        precisions.check(precision, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-        self.model = self.model.eval().to(self.device)
+        self.model = precisions.apply(self.model.eval().to(self.device), precision, self.device)
         cfg = self.model.config
         # The registry's context length; the config's window for a directory loaded as is.
         self.context_length = context_length or int(getattr(cfg, "max_position_embeddings",
