@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The benchmarks that need an accelerator, in one command on a CUDA machine: the batch
+# pipeline, generation, the realtime lane under batch load, and the precision options
+# (bf16/fp16 against fp32), each under its own time limit so that the whole run ends
+# within 10 minutes on one GPU. Each writes its JSON (bench/common.py report); this
+# script copies them into OUT_DIR.
+#
+#   bash bench/gpu.sh [OUT_DIR]        # default: $OUT, else bench/results/gpu
+#
+# Needs the project installed (make .venv/.installed, or PYTHON naming an interpreter
+# that has it) with a CUDA build of torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-bench/results/gpu}}
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT_DIR"
+
+"$PY" - <<'PYEOF' | tee "$OUT_DIR/device.txt"
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    sys.exit("bench/gpu.sh: no CUDA device is visible to torch "
+             f"({torch.__version__}); run it on a GPU machine")
+p = torch.cuda.get_device_properties(0)
+print(f"{p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
+      f"CUDA {torch.version.cuda}")
+PYEOF
+
+failed=()
+run() {  # run NAME LIMIT_S ARGS...: one benchmark under its limit; the others go on
+    local name=$1 limit=$2
+    shift 2
+    echo "== bench.$name $* (limit ${limit} s)"
+    if timeout "$limit" "$PY" -m "bench.$name" "$@"; then
+        cp "bench/results/$name.json" "$OUT_DIR/"
+    else
+        echo "bench.$name did not finish (exit $?)"
+        failed+=("$name")
+    fi
+}
+
+run pipeline 150 -n 20000 --rounds 2
+run generation 150 -n 256 --batch 64 --new-tokens 64 --rounds 2
+run realtime 150 --rate 2 --window 30 --batch 2000 --batch-window 20
+run precision 120 -n 4096 --batch 128 --chat-n 64 --chat-batch 32 --rounds 3
+
+echo "results in $OUT_DIR: $(ls "$OUT_DIR" | tr '\n' ' ')"
+[ ${#failed[@]} -eq 0 ] || { echo "did not finish: ${failed[*]}"; exit 1; }
