@@ -86,7 +86,8 @@ class LazyGenerationEngine:
                               "import` and set INFERQ_CHAT_MODEL)")
         m, path = found
         model = ChatModel(st.chat_model, path, context_length=m.context_length,
-                          fault_oom_above_tokens=st.fault_oom_above_tokens)
+                          fault_oom_above_tokens=st.fault_oom_above_tokens,
+                          precision=m.precision)
         return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
                                 max_rows=st.max_generation_rows * 2,
                                 on_step=metrics.step_recorder(st.chat_model))
@@ -182,7 +183,7 @@ def load_embedding_model(settings: Settings, ctx: Context) -> EmbeddingModel:
     m, path = found
     return EmbeddingModel(m.name, path, max_length=m.context_length,
                           fault_oom_above_tokens=settings.fault_oom_above_tokens,
-                          fault_fail=settings.fault_model_fails)
+                          fault_fail=settings.fault_model_fails, precision=m.precision)
 
 
 def _start_lanes(rt: WorkerRuntime) -> None:

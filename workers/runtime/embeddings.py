@@ -12,6 +12,7 @@ from transformers import AutoModel, AutoTokenizer
 from jobs import registry
 from jobs.errors import InvalidRequest, ModelNotLoaded
 from jobs.requests import EmbeddingsBody
+from workers.runtime import precision as precisions
 from workers.runtime.faults import inject_oom
 from workers.runtime.token_count import embedding_ids
 
@@ -39,15 +40,20 @@ class EmbeddingModel:
 
     ``path``: the model's directory (workers.runtime.cache.local_dir of its registry
     version); a packaged builtin's own files when None. ``max_length``: the context
-    length the registry records for it (read from the directory when None)."""
+    length the registry records for it (read from the directory when None).
+    ``precision``: the registry version's (workers.runtime.precision)."""
 
     def __init__(self, model_id: str, path: Path | None = None, max_length: int | None = None,
-                 fault_oom_above_tokens: int = 0, fault_fail: bool = False) -> None:
+                 fault_oom_above_tokens: int = 0, fault_fail: bool = False,
+                 precision: str = "fp32") -> None:
         path = path or packaged_path(model_id)
         self.model_id = model_id
+        self.precision = precision
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModel.from_pretrained(str(path)).eval().to(self.device)
+        precisions.check(precision, self.device)
+        self.model = precisions.apply(AutoModel.from_pretrained(str(path)).eval().to(self.device),
+                                      precision, self.device)
         self.max_length = max_length or registry.read_context_length(path)
         self.dim = int(self.model.config.hidden_size)
         self.vocab_size = int(self.model.config.vocab_size)  # rows of the embedding table
@@ -109,7 +115,7 @@ class EmbeddingModel:
             ids[i, : len(x)] = torch.tensor(x)
             mask[i, : len(x)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
         pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
