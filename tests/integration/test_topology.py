@@ -33,7 +33,7 @@ from sqlalchemy import select
 
 from jobs.context import Context
 from jobs.models import Shard
-from jobs.realtime import heartbeats
+from jobs.realtime import live_workers
 from jobs.settings import Settings
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
@@ -72,7 +72,7 @@ def fleet(settings: Settings, pg_admin_url: str, redis_dbs: RedisDatabases, s3_e
             c.start_model_worker("c1", "batch")
             r = redis.Redis.from_url(rurl)
             deadline = time.monotonic() + 300
-            while sum(1 for h in heartbeats(r) if "batch" in h.get("lanes", [])) < 3:
+            while len(live_workers(r, "batch")) < 3:
                 assert time.monotonic() < deadline, "the fleet's workers did not come up"
                 for s in (a, b, c):
                     for n, p in s.procs.items():
@@ -95,7 +95,7 @@ def sdk_for(stack: Any) -> Any:
 def worker_rows(r: redis.Redis) -> dict[str, float]:
     """Batch rows each live worker computed, by its own metrics endpoint."""
     out = {}
-    for h in heartbeats(r):
+    for h in live_workers(r, "batch"):
         if not h.get("metrics_url"):
             continue
         with urlopen(h["metrics_url"], timeout=10) as resp:
