@@ -264,7 +264,7 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
     for name, m in imported.items():
         assert by_id[name] == {"id": name, "object": "model", "created": m.created_at,
                                "owned_by": m.owned_by, "version": "1", "kind": m.kind,
-                               "context_length": m.context_length}
+                               "precision": "fp32", "context_length": m.context_length}
     one = client.get(f"/v1/models/{SMOL}")
     assert one.status_code == 200 and one.get_json() == by_id[SMOL]
     missing = client.get("/v1/models/no-such-model")
