@@ -7,7 +7,8 @@
 - ``int8``: dynamic quantization of the linear layers (``torch.ao.quantization.
   quantize_dynamic``: int8 weights with a scale per output channel, activations
   quantized per batch at run time) on a CPU. Per channel rather than per tensor: for
-  all-MiniLM-L6-v2, cosine similarity to fp32 of 0.97–0.98 instead of 0.94–0.96. A GPU worker refuses it: those kernels are CPU kernels.
+  all-MiniLM-L6-v2, cosine similarity to fp32 of 0.97–0.98 instead of 0.94–0.96.
+  A GPU worker refuses it: those kernels are CPU kernels.
 
 Embeddings come back as float32 whatever the precision (the engine normalises them in
 float32); generation samples from float32 logits.
