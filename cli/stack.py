@@ -143,6 +143,7 @@ class Stack:
         self.model_workers = model_workers
         self.backends: list[Any] = []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}  # to start again
         self.api_key = ""
         self.admin_key = ""
         self.stop_signals = stop_signals or StopSignals()  # not installed: never raises
@@ -185,14 +186,25 @@ class Stack:
         return env
 
     def spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
+        """Start child ``name`` in a process group of its own, its output appended to
+        its log (``log_path``); ``respawn`` starts it again the same way."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        with self.stop_signals.held():
+        with self.log_path(name).open("ab") as log, self.stop_signals.held():
             proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                     start_new_session=True)
             self.procs[name] = proc
+            self.commands[name] = (cmd, env)
         return proc
+
+    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start child ``name`` again, as it was first started (``inferq up``'s
+        supervisor calls it when the child exited)."""
+        cmd, env = self.commands[name]
+        return self.spawn(name, cmd, **env)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
 
     def start(self, api: bool = True, workers: bool = True) -> Stack:
         from jobs import service

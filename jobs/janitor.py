@@ -1,9 +1,10 @@
 """The janitor: periodic repairs that make worker deaths and deadlines harmless.
 
 Run by the control worker every few seconds (``sweep``). It
-- hands back shards whose lease expired (their worker was killed or lost) so
-  another worker resumes them from the checkpoint — much sooner than the
-  broker's visibility timeout would redeliver them — and fails a shard whose
+- hands back shards whose worker's heartbeat expired, or whose lease expired
+  (their worker was killed or lost), so another worker resumes them from the
+  checkpoint — much sooner than the broker's visibility timeout would redeliver
+  them; the lease token fences off a holder that was only slow — and fails a shard whose
   last ``max_shard_attempts`` attempts all ended without committing a chunk, with
   a clear error instead of letting it loop (a shard that keeps moving is never
   given up on, however often its workers die);
@@ -22,13 +23,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import and_, exists, func, select, update
 
 from jobs import fairshare
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard, now
+from jobs.realtime import WORKERS
 from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
 
 
@@ -80,11 +82,19 @@ def _send(ctx: Context, rep: SweepReport) -> None:
 
 
 def _repair_leases(ctx: Context, rep: SweepReport) -> None:
+    """Hand back running shards whose lease lapsed, or whose worker is gone: its
+    heartbeat expired (``gone_holders``), which comes well before the lease."""
     t = time.time()
     cap = ctx.settings.max_shard_attempts
     with ctx.db.session() as s:
+        holders = {w for w in s.scalars(select(Shard.worker).distinct().where(
+            Shard.status == ShardStatus.RUNNING)) if w}
+    gone = gone_holders(ctx, holders)  # outside a transaction: Redis may be slow to answer
+    # A claim younger than one heartbeat TTL is left alone whatever Redis says.
+    orphaned = and_(Shard.worker.in_(gone), Shard.claimed_at < t - ctx.settings.heartbeat_ttl_s)
+    with ctx.db.session() as s:
         stale = list(s.scalars(select(Shard).where(
-            Shard.status == ShardStatus.RUNNING, Shard.lease_expires_at < t)
+            Shard.status == ShardStatus.RUNNING, (Shard.lease_expires_at < t) | orphaned)
             .with_for_update(skip_locked=True).limit(1000)))
         for sh in stale:
             stalls = repo.stalled_attempts(sh)
@@ -100,6 +110,31 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
         for batch_id in {sh.batch_id for sh in stale if sh.status == ShardStatus.FAILED}:
             if repo.unfinished_shards(s, batch_id) == 0:
                 rep.finalize.add(batch_id)
+
+
+def gone_holders(ctx: Context, workers: set[str]) -> set[str]:
+    """The lease holders among ``workers`` (names as in heartbeats) whose heartbeat has
+    expired: dead, or cut off from Redis for three beats. Empty when Redis has been up
+    for less than a heartbeat TTL (its keys may have been lost or expired in a restart,
+    while their workers are about to beat again) or cannot say how long."""
+    if not workers:
+        return set()
+    names = sorted(workers)
+    try:
+        uptime = float(ctx.redis.info("server")["uptime_in_seconds"])
+        found = ctx.redis.mget([WORKERS + n for n in names])
+    except Exception:  # noqa: BLE001 - Redis down, or INFO refused: lapsed leases only
+        return set()
+    beating = {n for n, raw in zip(names, found, strict=True) if raw is not None}
+    return holders_without_heartbeat(workers, beating, uptime, ctx.settings.heartbeat_ttl_s)
+
+
+def holders_without_heartbeat(workers: set[str], beating: set[str], redis_uptime_s: float,
+                              heartbeat_ttl_s: float) -> set[str]:
+    """The decision of ``gone_holders``, given what Redis said."""
+    if redis_uptime_s < heartbeat_ttl_s:
+        return set()
+    return workers - beating
 
 
 def _resend_stranded(ctx: Context, rep: SweepReport) -> None:

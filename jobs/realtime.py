@@ -35,18 +35,19 @@ def queue_for(model: str) -> str:
     return f"{QUEUE}:{model}"
 
 
+def heartbeats(r: redis.Redis) -> list[dict[str, Any]]:
+    """Every current heartbeat, control workers' and open breakers' included (a worker
+    that missed three beats has none)."""
+    keys = list(r.scan_iter(match=WORKERS + "*", count=100))
+    return [orjson.loads(raw) for raw in (r.mget(keys) if keys else []) if raw]
+
+
 def live_workers(r: redis.Redis, lane: str, model: str | None = None) -> list[dict[str, Any]]:
     """Workers whose heartbeat is current and that serve ``lane`` (and ``model``, if
     given: among the ``models`` their heartbeat announces)."""
-    keys = list(r.scan_iter(match=WORKERS + "*", count=100))
-    out = []
-    for raw in r.mget(keys) if keys else []:
-        if raw:
-            info = orjson.loads(raw)
-            if (lane in info.get("lanes", []) and info.get("breaker") != BreakerState.OPEN
-                    and (model is None or model in info.get("models", []))):
-                out.append(info)
-    return out
+    return [info for info in heartbeats(r)
+            if lane in info.get("lanes", []) and info.get("breaker") != BreakerState.OPEN
+            and (model is None or model in info.get("models", []))]
 
 
 def admit(r: redis.Redis, model: str, max_queue: int) -> str:

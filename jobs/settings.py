@@ -14,6 +14,8 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MISSED_BEATS = 3  # a worker's heartbeat expires after this many missed beats
+
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("inferq"))
@@ -76,6 +78,11 @@ class Settings(BaseSettings):
     preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     torch_threads: int = 0  # 0: torch's default
+    # The device the model runs on: auto (torch: CUDA when present, else the CPU) or
+    # simulated (workers/runtime/simulated.py: no torch, the forward pass sleeps for the
+    # cost that the simulated_profile's model of a device gives; embeddings only).
+    accelerator: Literal["auto", "simulated"] = "auto"
+    simulated_profile: str = "h100-minilm"
     # Fault injection (tests): out of memory above this many tokens (0: off): rows x
     # longest row for embeddings, rows x cache width for generation.
     fault_oom_above_tokens: int = 0
@@ -221,6 +228,11 @@ class Settings(BaseSettings):
     @property
     def lane_set(self) -> set[str]:
         return {x.strip() for x in self.lanes.split(",") if x.strip()}
+
+    @property
+    def heartbeat_ttl_s(self) -> float:
+        """How long a worker's heartbeat outlives its last beat: three missed beats."""
+        return MISSED_BEATS * self.worker_heartbeat_s
 
     @property
     def webhook_allow_host_set(self) -> frozenset[str]:

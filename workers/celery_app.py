@@ -3,7 +3,8 @@
 Start with ``inferq worker --lanes realtime,jobs,batch``. A pool child that serves a
 model lane builds its ``WorkerRuntime`` once (``worker_process_init``): the models,
 the engine threads, the realtime and jobs consumers (if those lanes are served) and
-the heartbeat, kept for its whole life. A pool child that serves the control lane
+the heartbeat, kept for its whole life; its main process takes shards only from then
+on (``ShardQueuesAfterModels``). A pool child that serves the control lane
 runs the janitor and the webhook deliveries.
 """
 
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from celery import bootsteps
 from celery.signals import (
     setup_logging,
     task_retry,
@@ -112,6 +114,63 @@ def _drain_flag(main_pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"inferq-drain-{main_pid}"
 
 
+def _ready_flag(main_pid: int) -> Path:
+    """Holds the pid of the main process's pool child once its models are loaded."""
+    return Path(tempfile.gettempdir()) / f"inferq-ready-{main_pid}"
+
+
+def _ready_child() -> int | None:
+    """This main process's pool child that has its models loaded, if it still runs."""
+    try:
+        pid = int(_ready_flag(os.getpid()).read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+class ShardQueuesAfterModels(bootsteps.StartStopStep):
+    """Main process of a model worker: consume the shard queues only while its pool
+    child has its models loaded. Celery's consumer starts before the pool child's
+    ``worker_process_init`` ends and would reserve a shard during the (re)load, which
+    no other worker could then take; this cancels the shard queues at start and adds
+    them when the child announces itself (``_ready_flag``), and again after a pool
+    child that died (out of memory) is replaced. Only those transitions touch the
+    queues, so a breaker's pause (``ShardConsumers.pause``) is left as it is."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.ready: int | None = None
+        self.tick: Any = None
+
+    def start(self, c: Any) -> None:
+        self.ready = _ready_child()
+        if self.ready is None:  # at start, or after a reconnect while a child reloads
+            for q in process.shard_consumers.queues:
+                c.cancel_task_queue(q)
+        self.tick = c.timer.call_repeatedly(0.5, self._check, (c,))
+
+    def stop(self, c: Any) -> None:
+        if self.tick is not None:
+            self.tick.cancel()
+
+    def _check(self, c: Any) -> None:
+        pid = _ready_child()
+        if pid != self.ready:
+            for q in process.shard_consumers.queues:
+                if pid is None:
+                    c.cancel_task_queue(q)
+                else:
+                    c.add_task_queue(q)
+        self.ready = pid
+
+
+if settings.lane_set.intersection(MODEL_LANES) and process.shard_consumers.queues:
+    app.steps["consumer"].add(ShardQueuesAfterModels)
+
+
 def draining() -> bool:
     """True once this worker is shutting down (SIGTERM: a spot notice or a deploy).
 
@@ -123,6 +182,7 @@ def draining() -> bool:
 @worker_init.connect
 def _init_main(**_: Any) -> None:
     _drain_flag(os.getpid()).unlink(missing_ok=True)
+    _ready_flag(os.getpid()).unlink(missing_ok=True)
 
 
 @worker_shutting_down.connect
@@ -150,6 +210,7 @@ def _init_child(**_: Any) -> None:
             settings.worker_metrics_port, e)
     if settings.lane_set.intersection(MODEL_LANES):
         process.runtime()
+        _ready_flag(os.getppid()).write_text(str(os.getpid()))  # now take shards
     if "control" in settings.lane_set:
         process.start_janitor()
 

@@ -7,12 +7,14 @@ Built by every lane that generates (realtime, jobs, batch shards) before it subm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.errors import InvalidRequest
 from jobs.requests import CHAT, ChatBody, parse_generation
-from workers.runtime.chat import ChatModel
 from workers.runtime.token_count import template_messages
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.runtime.chat import ChatModel
 
 
 @dataclass

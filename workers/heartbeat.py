@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from jobs import realtime
+from jobs.settings import MISSED_BEATS
 
 log = logging.getLogger("inferq.heartbeat")
 
@@ -25,7 +26,8 @@ def worker_name() -> str:
 
 class Heartbeat(threading.Thread):
     """Announces ``describe()`` (plus the time) every ``every_s``; it expires after three
-    missed beats, so a dead worker disappears on its own."""
+    missed beats, so a dead worker disappears on its own, and the janitor then breaks
+    the leases of the shards it held (``jobs.janitor``)."""
 
     def __init__(self, r: redis.Redis, name: str, describe: Callable[[], dict[str, Any]],
                  every_s: float) -> None:
@@ -41,7 +43,7 @@ class Heartbeat(threading.Thread):
             try:
                 info = self.describe()
                 info["at"] = time.time()
-                realtime.heartbeat(self.r, self.name, info, self.every_s * 3)
+                realtime.heartbeat(self.r, self.name, info, self.every_s * MISSED_BEATS)
             except Exception as e:  # noqa: BLE001 - a heartbeat must outlive any error
                 log.warning("heartbeat: %s", e)
             self.stopping.wait(self.every_s)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -29,10 +29,12 @@ from jobs.models import Job
 from jobs.outputs import dumps
 from jobs.requests import CHAT, EMBEDDINGS, EmbeddingsBody, parse_embeddings
 from workers.embedding_engine import JOBS, EmbeddingEngine, RowFuture, seconds_of, when_all_done
-from workers.generation import Collect, GenerationEngine
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
-from workers.runtime.embeddings import EmbeddingModel
+from workers.runtime.embedding_inputs import EmbeddingInputs
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.generation import Collect, GenerationEngine
 
 log = logging.getLogger("inferq.jobs_lane")
 
@@ -44,7 +46,7 @@ class JobsConsumer(threading.Thread):
 
     burst = 64
 
-    def __init__(self, ctx: Context, engine: EmbeddingEngine, tokenizer: EmbeddingModel,
+    def __init__(self, ctx: Context, engine: EmbeddingEngine, tokenizer: EmbeddingInputs,
                  chat: Callable[[str], GenerationEngine], worker: str,
                  allow: Callable[[], bool], recover_every_s: float = 15.0) -> None:
         super().__init__(name="inferq-jobs", daemon=True)
@@ -116,6 +118,8 @@ class JobsConsumer(threading.Thread):
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
+        from workers.generation import Collect
+
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
         gen.submit(greq, sink, JOBS)
 

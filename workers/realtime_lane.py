@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -35,11 +35,13 @@ from jobs.outputs import dumps
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
 from workers import metrics
 from workers.embedding_engine import REALTIME, EmbeddingEngine, seconds_of, when_all_done
-from workers.generation import FinishReason, GenerationEngine, Usage
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
-from workers.runtime.embeddings import EmbeddingModel
+from workers.runtime.embedding_inputs import EmbeddingInputs
 from workers.streams import CancelListener, Publisher, PubSink
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.generation import FinishReason, GenerationEngine, Usage
 
 log = logging.getLogger("inferq.realtime")
 
@@ -257,7 +259,7 @@ class RealtimeConsumer(threading.Thread):
     breaker is open, and the lane then leaves requests to other workers."""
 
     def __init__(self, r: redis.Redis, models: list[str], engine: EmbeddingEngine,
-                 tokenizer: EmbeddingModel, max_inputs: int,
+                 tokenizer: EmbeddingInputs, max_inputs: int,
                  chat: Callable[[str], GenerationEngine], allow: Callable[[], bool],
                  meter: UsageWriter | None = None,
                  service: admission.ServiceMeter | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -21,9 +21,11 @@ from jobs.errors import InferqError
 from jobs.outputs import Tokens
 from jobs.requests import CHAT, parse_embeddings
 from workers.embedding_engine import EmbeddingEngine, seconds_of
-from workers.generation import Collect, GenerationEngine
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.generation import GenerationEngine
 
 Lines = tuple[bytes, bytes, int, int, Tokens]
 
@@ -103,6 +105,8 @@ class GenerationRunner:
         self.chat, self.endpoint = chat, endpoint
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
+        from workers.generation import Collect
+
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:
             body = orjson.loads(r["body"])

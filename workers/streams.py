@@ -11,15 +11,17 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
 
 from jobs import realtime
 from jobs.status import StreamEvent
-from workers.generation import FinishReason, Usage
 from workers.responses import failure
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.generation import FinishReason, Usage
 
 log = logging.getLogger("inferq.streams")
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
 from jobs import registry
-from jobs.errors import InvalidRequest, ModelNotLoaded
-from jobs.requests import EmbeddingsBody
 from workers.runtime import precision as precisions
+from workers.runtime.embedding_inputs import EmbeddingInputs, check_dimensions
 from workers.runtime.faults import inject_oom
-from workers.runtime.token_count import embedding_ids
+
+__all__ = ["EmbeddingModel", "check_dimensions", "packaged_path"]
 
 
 def packaged_path(model_id: str) -> Path:
@@ -25,17 +24,7 @@ def packaged_path(model_id: str) -> Path:
     return b.package_dir()
 
 
-def check_dimensions(dimensions: int | None, model_id: str, dim: int) -> None:
-    """Refuse an output size larger than the model's (a smaller one is served by cutting
-    and renormalising each vector). Validation at the door checks only ``>= 1``: the
-    worker holding the model is what knows its size."""
-    if dimensions is not None and dimensions > dim:
-        raise InvalidRequest(f"dimensions is {dimensions}, but {model_id} produces "
-                             f"{dim}-dimensional embeddings: ask for at most {dim}",
-                             param="dimensions")
-
-
-class EmbeddingModel:
+class EmbeddingModel(EmbeddingInputs):
     """Loaded once per worker process; ``embed`` is called by the engine thread only.
 
     ``path``: the model's directory (workers.runtime.cache.local_dir of its registry
@@ -64,43 +53,6 @@ class EmbeddingModel:
         # tokens in one forward pass (0: off).
         self.fault_oom_above_tokens = fault_oom_above_tokens
         self.fault_fail = fault_fail  # tests: every forward pass fails (a broken device)
-
-    def prepare(self, req: EmbeddingsBody) -> list[list[int]]:
-        """A request's token ids, after refusing what this model cannot serve (another
-        model, too many dimensions, token ids outside the vocabulary, inputs over the
-        context): every lane calls this before the engine."""
-        if req.model != self.model_id:
-            raise ModelNotLoaded(req.model)
-        check_dimensions(req.dimensions, self.model_id, self.dim)
-        inputs = req.inputs()
-        if inputs and isinstance(inputs[0], list):
-            self.check_token_ids(cast(list[list[int]], inputs))
-        return self.tokenize(inputs)
-
-    def check_token_ids(self, inputs: list[list[int]]) -> None:
-        """Refuse ids the model has no embedding for (validation checks only < 2^31)."""
-        for i, ids in enumerate(inputs):
-            bad = next((t for t in ids if t >= self.vocab_size), None)
-            if bad is not None:
-                where = "input" if len(inputs) == 1 else f"input[{i}]"
-                raise InvalidRequest(
-                    f"{where} holds token id {bad}, but {self.model_id}'s vocabulary has "
-                    f"{self.vocab_size} tokens: ids must be below {self.vocab_size}",
-                    param="input", code="invalid_token_id")
-
-    def tokenize(self, inputs: list[str] | list[list[int]]) -> list[list[int]]:
-        """Token ids with special tokens; an input longer than the model's context is
-        refused (InvalidRequest, as OpenAI does), never silently truncated."""
-        out = embedding_ids(self.tokenizer, inputs)  # as batch validation counts them
-        for i, ids in enumerate(out):
-            if len(ids) > self.max_length:
-                where = "input" if len(out) == 1 else f"input[{i}]"
-                raise InvalidRequest(
-                    f"{where} is {len(ids)} tokens long; {self.model_id} takes at most "
-                    f"{self.max_length} tokens per input (its context length, special tokens "
-                    "included). Shorten or split it", param="input",
-                    code="context_length_exceeded")
-        return out
 
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> np.ndarray:

@@ -1,0 +1,77 @@
+"""The janitor breaks the lease of a shard whose worker's heartbeat has expired, long
+before the lease itself would lapse, and leaves live workers' leases alone; the lease
+token fences off the old holder if it was only slow (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from jobs import janitor, realtime
+from jobs import repository as repo
+from jobs.context import Context
+from jobs.janitor import holders_without_heartbeat
+from jobs.outputs import Tokens
+from jobs.settings import Settings
+from jobs.status import ShardStatus
+from tests.integration.test_janitor import make_batch, sent, status
+
+
+@pytest.fixture
+def hctx(own_settings: Settings) -> Iterator[Context]:
+    """A database and Redis DB of its own, heartbeats every 0.5 s (a TTL of 1.5 s)."""
+    c = Context(own_settings.model_copy(update={"worker_heartbeat_s": 0.5}))
+    # The janitor trusts a missing heartbeat only from a Redis up for one heartbeat TTL.
+    while float(c.redis.info("server")["uptime_in_seconds"]) < c.settings.heartbeat_ttl_s:
+        time.sleep(0.2)
+    yield c
+    c.close()
+
+
+def running(worker: str, claimed_at: float, token: str) -> dict[str, object]:
+    return {"status": ShardStatus.RUNNING, "attempt": 1, "lease_token": token,
+            "lease_expires_at": time.time() + 3600, "worker": worker, "claimed_at": claimed_at}
+
+
+def test_a_gone_workers_shard_is_handed_back_and_a_live_ones_is_not(hctx: Context) -> None:
+    ttl = hctx.settings.heartbeat_ttl_s
+    long_ago = time.time() - 100 * ttl
+    realtime.heartbeat(hctx.redis, "host:live", {"name": "host:live"}, 3600)
+    gone, live, just_claimed = make_batch(hctx, [
+        running("host:gone", long_ago, "a"),  # no heartbeat: killed
+        running("host:live", long_ago, "b"),
+        # Claimed less than a heartbeat TTL ago: never broken on the heartbeat alone.
+        running("host:new", time.time() + 3600, "c"),
+    ])
+    rep = janitor.sweep(hctx)
+    assert rep.requeued == [gone] and rep.failed == []
+    assert status(hctx, gone).status == ShardStatus.QUEUED
+    assert status(hctx, gone).lease_token is None
+    assert status(hctx, live).status == ShardStatus.RUNNING
+    assert status(hctx, just_claimed).status == ShardStatus.RUNNING
+    assert sent(hctx) == [gone]
+
+    # Had the holder only been slow, its next checkpoint is fenced off.
+    with hctx.db.session() as s:
+        assert not repo.checkpoint(s, gone, "a", 1, 1, 10, 10, 0, Tokens(), 60)
+        assert repo.claim_shard(s, gone, "d", "host:live", 60) is not None
+    assert status(hctx, gone).lease_token == "d"
+
+
+def test_a_heartbeat_that_expires_lets_the_next_sweep_break_the_lease(hctx: Context) -> None:
+    realtime.heartbeat(hctx.redis, "host:dying", {"name": "host:dying"}, 3600)
+    (sid,) = make_batch(hctx, [running("host:dying", time.time() - 3600, "a")])
+    assert janitor.sweep(hctx).requeued == []
+    hctx.redis.delete(realtime.WORKERS + "host:dying")  # as its TTL would, three beats on
+    assert janitor.sweep(hctx).requeued == [sid]
+
+
+def test_missing_heartbeats_are_not_trusted_from_a_redis_that_just_started() -> None:
+    workers = {"host:1", "host:2"}
+    assert holders_without_heartbeat(workers, {"host:1"}, redis_uptime_s=60,
+                                     heartbeat_ttl_s=15) == {"host:2"}
+    # Restarted (or its keys expired while it was down): the workers beat again soon.
+    assert holders_without_heartbeat(workers, set(), redis_uptime_s=3,
+                                     heartbeat_ttl_s=15) == set()
