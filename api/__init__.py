@@ -7,6 +7,7 @@ from opentelemetry.trace import SpanKind
 
 from jobs import admission, limits, logs, service, tracing
 from jobs.context import Context
+from jobs.dashboard import viewer as dashboard_viewer
 from jobs.models import new_id
 from jobs.settings import Settings
 
@@ -35,6 +36,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api import (
         admin,
         batches,
+        dashboard,
         errors,
         files,
         health,
@@ -43,6 +45,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         metrics,
         models,
         openapi,
+        ui,
         usage,
         webhooks,
     )
@@ -51,7 +54,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     logs.setup(settings)
     tracing.setup(settings, "api")
-    app = Flask("inferq")
+    app = Flask("inferq", static_folder=None)  # no /static/ of the working directory
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["inferq"] = Context(settings)
@@ -64,6 +67,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
     organization = (admin, usage)
     administered = {mod.bp.name for mod in organization}
+    # The dashboard: a project key (its own batches) or an admin key (every project's).
+    viewed = {dashboard.bp.name}
 
     @app.before_request
     def trace_request() -> None:
@@ -84,12 +89,15 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.before_request
     def authenticate() -> None:
-        if request.blueprint not in authenticated | administered:
+        if request.blueprint not in authenticated | administered | viewed:
             return
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
         if request.blueprint in administered:
             g.admin_key_id = service.authenticate_admin(context(), key)
+        elif request.blueprint in viewed:
+            g.viewer = dashboard_viewer(context(), key)
+            g.tenant_id = g.viewer.project_id
         else:
             g.tenant_id, g.api_key_id = service.authenticate(context(), key)
             logs.bind(project_id=g.tenant_id)
@@ -120,11 +128,12 @@ def create_app(settings: Settings | None = None) -> Flask:
             resp.headers.setdefault(k, v)
         return resp
 
-    for mod in v1:
+    for mod in (*v1, dashboard):
         app.register_blueprint(mod.bp, url_prefix="/v1")
     for mod in organization:
         app.register_blueprint(mod.bp, url_prefix="/v1/organization")
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(ui.bp)  # /dashboard: the web page, no key needed to load it
 
     return app

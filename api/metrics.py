@@ -9,7 +9,7 @@ is the authenticated project's id.
 
 At scrape time: the depth of every lane's queue in Redis (``QueueDepthCollector``):
 the Celery lists of control, batch and flex, the jobs list and each model's
-realtime list.
+realtime list (``jobs.dashboard.queue_depths``).
 
 One process per API: the API runs as one gunicorn process with threads
 (``cli/stack.py`` ``api_command``, ``docker/Dockerfile.api``), so this process's
@@ -37,8 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import asyncjobs, realtime
-from jobs.dispatch import QUEUES
+from jobs import dashboard
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REQUEST_SECONDS = Histogram("inferq_api_request_seconds",
@@ -52,13 +51,11 @@ ERRORS = Counter("inferq_api_errors", "API error responses, by the error body's 
 # The lane a route's work runs on.
 LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime",
                  "/v1/completions": "realtime", "/v1/jobs": "jobs", "/v1/batches": "batch"}
-# kombu's Redis transport keeps a queue's messages of priority p > 0 in "<queue>\x06\x16p".
-PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
 
 class QueueDepthCollector(Collector):
     """``inferq_queue_depth{lane, model}``: messages waiting on each lane's Redis lists,
-    read when scraped (one pipeline of LLENs plus a SCAN of the realtime lists)."""
+    read when scraped (``jobs.dashboard.queue_depths``, which the dashboard shows too)."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
@@ -70,29 +67,11 @@ class QueueDepthCollector(Collector):
         depth = GaugeMetricFamily("inferq_queue_depth", "Messages waiting on a lane's queue",
                                   labels=["lane", "model"])
         try:
-            # A list that is empty does not exist in Redis: the models live workers serve
-            # on the lane are listed too, so each one's depth is there, 0 when empty.
-            rt_keys = sorted({k.decode() if isinstance(k, bytes) else str(k) for k in
-                              self.r.scan_iter(match=realtime.QUEUE + ":*", count=200)}
-                             | {realtime.queue_for(m) for w in
-                                realtime.live_workers(self.r, "realtime")
-                                for m in w.get("models", [])})
-            with self.r.pipeline(transaction=False) as p:
-                for q in QUEUES:
-                    for suffix in PRIORITY_SUFFIXES:
-                        p.llen(q + suffix)
-                p.llen(asyncjobs.QUEUE)
-                for k in rt_keys:
-                    p.llen(k)
-                lengths = p.execute()
+            depths = dashboard.queue_depths(self.r)
         except redis.RedisError:
             return  # Redis is down: no depth rather than a wrong one
-        n = len(PRIORITY_SUFFIXES)
-        for i, q in enumerate(QUEUES):
-            depth.add_metric([q, ""], sum(lengths[i * n:(i + 1) * n]))
-        depth.add_metric(["jobs", ""], lengths[len(QUEUES) * n])
-        for k, length in zip(rt_keys, lengths[len(QUEUES) * n + 1:], strict=True):
-            depth.add_metric(["realtime", k[len(realtime.QUEUE) + 1:]], length)
+        for d in depths:
+            depth.add_metric([d.lane, d.model or ""], d.depth)
         yield depth
 
 

@@ -1,16 +1,19 @@
-"""Response shapes (OpenAI objects with every field present) and request parsing helpers."""
+"""Response shapes (OpenAI objects with every field present), their pydantic models
+(what /openapi.json says each route returns) and request parsing helpers."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from flask import request
+from pydantic import BaseModel, ConfigDict
 
 from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
 from jobs.models import Batch, File
 from jobs.repository import ShardSums
+from jobs.status import BatchStatus, DeliveryStatus, JobStatus
 
 MAX_JSON_DEPTH = 64
 # Every id this service hands out (and every model name) fits this; anything else
@@ -122,3 +125,426 @@ def batch_object(b: Batch, sums: ShardSums) -> dict[str, Any]:
                   "total_tokens": input_tokens + output_tokens},
     }
     return out
+
+
+# Response models: the shapes the builders above (and the other routes' builders) return,
+# described for /openapi.json. Every field is required (OpenAI objects are sent whole);
+# nothing else is sent.
+
+T = TypeVar("T")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorObject(Out):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class Error(Out):
+    """Every error response: the OpenAI error shape."""
+
+    error: ErrorObject
+
+
+class Page(Out, Generic[T]):
+    """A cursor page (``after`` = ``last_id`` for the next one)."""
+
+    object: Literal["list"]
+    data: list[T]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class Deleted(Out):
+    id: str
+    object: str
+    deleted: bool
+
+
+class FileObject(Out):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"]
+    expires_at: int | None
+    status_details: str | None
+
+
+class FileUpload(BaseModel):
+    """The multipart form of ``POST /v1/files``."""
+
+    file: bytes
+    purpose: Literal["batch"]
+
+
+class BatchError(BaseModel):
+    code: str | None
+    line: int | None
+    message: str | None
+    param: str | None
+
+
+class BatchErrors(Out):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class RequestCounts(Out):
+    total: int
+    completed: int
+    failed: int
+
+
+class CachedTokens(Out):
+    cached_tokens: int
+
+
+class ReasoningTokens(Out):
+    reasoning_tokens: int
+
+
+class BatchUsage(Out):
+    input_tokens: int
+    input_tokens_details: CachedTokens
+    output_tokens: int
+    output_tokens_details: ReasoningTokens
+    total_tokens: int
+
+
+class BatchObject(Out):
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+    model: str | None
+    service_tier: str
+    usage: BatchUsage
+
+
+class JobObject(Out):
+    id: str
+    object: Literal["job"]
+    endpoint: str
+    status: JobStatus
+    created_at: int
+    started_at: int | None
+    completed_at: int | None
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    callback_url: str | None
+    attempts: int
+
+
+class ModelObject(Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    version: str
+    kind: str
+    precision: str
+    context_length: int | None
+
+
+class ModelList(Out):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class Embedding(Out):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(Out):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(Out):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class CompletionUsage(Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatMessage(Out):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: str | None
+
+
+class ChatChoice(Out):
+    index: int
+    message: ChatMessage
+    finish_reason: str
+    logprobs: None
+
+
+class ChatCompletion(Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+    system_fingerprint: str | None
+
+
+class CompletionChoice(Out):
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: None
+
+
+class Completion(Out):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+    system_fingerprint: str | None
+
+
+class WebhookEndpoint(Out):
+    id: str
+    object: Literal["webhook_endpoint"]
+    created_at: int
+    updated_at: int
+    name: str
+    url: str
+    event_types: list[str]
+    signing_secret_hint: str
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    """As created or rotated: the signing secret is shown this once."""
+
+    signing_secret: str
+
+
+class WebhookTestResult(Out):
+    object: Literal["webhook_endpoint.test"]
+    webhook_endpoint_id: str
+    event_type: str
+    status_code: int
+    success: bool
+
+
+class EventTypeList(Out):
+    object: Literal["list"]
+    data: list[str]
+
+
+class DeliveryAttempt(Out):
+    attempt: int
+    started_at: int
+    duration_ms: int | None
+    status_code: int | None
+    error: str | None
+
+
+class Delivery(Out):
+    id: str
+    object: Literal["webhook_endpoint.delivery"]
+    event_id: str
+    event_type: str
+    webhook_endpoint_id: str
+    status: DeliveryStatus
+    created_at: int
+    delivered_at: int | None
+    next_attempt_at: int | None
+    attempts: list[DeliveryAttempt]
+
+
+class CallbackSecret(Out):
+    object: Literal["webhook_callback_secret"]
+    created_at: int
+    updated_at: int
+    signing_secret_hint: str
+
+
+class CallbackSecretWithSecret(CallbackSecret):
+    signing_secret: str
+
+
+class HealthChecks(Out):
+    database: str
+    redis: str
+    workers: int
+    lanes: dict[str, int]
+
+
+class Health(Out):
+    """``status`` "ok" with 200; "unavailable" with 503."""
+
+    status: Literal["ok", "unavailable"]
+    checks: HealthChecks
+
+
+# The Admin API (api/admin.py, api/usage.py) ---------------------------------------------------
+
+
+class Project(Out):
+    id: str
+    object: Literal["organization.project"]
+    name: str
+    created_at: int
+    archived_at: int | None
+    status: Literal["active", "archived"]
+    external_key_id: None
+    residency: None
+    weight: int
+
+
+class ServiceAccount(Out):
+    id: str
+    object: Literal["organization.project.service_account"]
+    name: str
+    role: str
+    created_at: int
+
+
+class NewKey(Out):
+    """A key as created: its value is shown this once."""
+
+    id: str
+    object: Literal["organization.project.service_account.api_key"]
+    name: str | None
+    created_at: int
+    value: str
+    expires_at: int | None
+
+
+class ServiceAccountCreated(ServiceAccount):
+    api_key: NewKey | None
+
+
+class KeyOwnerAccount(Out):
+    id: str
+    name: str
+    created_at: int
+    role: str
+
+
+class KeyOwner(Out):
+    type: Literal["service_account"] | None
+    service_account: KeyOwnerAccount | None
+    user: None
+
+
+class ApiKey(Out):
+    id: str
+    object: Literal["organization.project.api_key"]
+    name: str | None
+    redacted_value: str
+    created_at: int
+    last_used_at: int | None
+    expires_at: int | None
+    owner: KeyOwner
+    owner_project_access: Literal["active", "inactive"]
+
+
+class RateLimit(Out):
+    id: str
+    object: Literal["project.rate_limit"]
+    model: str
+    max_requests_per_1_minute: int
+    max_tokens_per_1_minute: int
+    max_requests_per_1_day: int | None
+    batch_1_day_max_input_tokens: int | None
+    max_concurrent_streams: int | None
+
+
+class CompletionsUsage(Out):
+    object: Literal["organization.usage.completions.result"]
+    input_tokens: int
+    output_tokens: int
+    input_cached_tokens: int
+    input_audio_tokens: int
+    output_audio_tokens: int
+    num_model_requests: int
+    project_id: str | None
+    user_id: None
+    api_key_id: str | None
+    model: str | None
+    batch: bool | None
+    service_tier: str | None
+    api_source: str | None
+
+
+class EmbeddingsUsage(Out):
+    object: Literal["organization.usage.embeddings.result"]
+    input_tokens: int
+    num_model_requests: int
+    project_id: str | None
+    user_id: None
+    api_key_id: str | None
+    model: str | None
+
+
+class Amount(Out):
+    value: float
+    currency: Literal["usd"]
+
+
+class CostsResult(Out):
+    object: Literal["organization.costs.result"]
+    amount: Amount
+    line_item: str | None
+    project_id: str | None
+    api_key_id: str | None
+    user_id: None
+    api_source: str | None
+    quantity: float | None
+    quantity_unit: str | None
+
+
+class Bucket(Out, Generic[T]):
+    object: Literal["bucket"]
+    start_time: int
+    end_time: int
+    results: list[T]
+
+
+class UsagePage(Out, Generic[T]):
+    """One page of time buckets (``page`` = ``next_page`` for the next one)."""
+
+    object: Literal["page"]
+    data: list[Bucket[T]]
+    has_more: bool
+    next_page: str | None

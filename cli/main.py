@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli import admin, batches, capacity, state
+from cli import admin, batches, capacity, state, top
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
@@ -82,7 +82,9 @@ def main() -> None:
 def up(port: int | None, model_workers: int) -> None:
     """API + workers + embedded backends in one command; Ctrl-C stops everything.
 
-    Refuses a port in use and a data dir another `inferq up` runs on."""
+    A child that exits is started again after a backoff (1 s, 2 s, 4 s ... 30 s); one
+    that keeps exiting at start stops the stack. Refuses a port in use and a data dir
+    another `inferq up` runs on."""
     from cli.client import local_host
     from cli.stack import Interrupted, Stack, StackError, StopSignals
 
@@ -133,12 +135,20 @@ def up(port: int | None, model_workers: int) -> None:
 
 
 def _supervise(stack: Stack, signals: StopSignals) -> str | None:
-    """Wait for Ctrl-C / SIGTERM (None) or for a child to exit (what happened)."""
+    """Wait for Ctrl-C / SIGTERM (None), starting again each child that exits, after a
+    backoff (``cli.supervisor``); a child that keeps exiting at start stops the stack
+    (what happened)."""
+    from cli.supervisor import ChildCrashLoop, Supervisor
+
+    def say(message: str) -> None:
+        click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
+
+    supervisor = Supervisor(stack.procs, stack.respawn, stack.log_path, say)
     while signals.received is None:
-        for name, p in stack.procs.items():
-            if p.poll() is not None:
-                return (f"{name} exited ({p.returncode}); see "
-                        f"{stack.log_dir / (name + '.log')}")
+        try:
+            supervisor.poll()
+        except ChildCrashLoop as e:
+            return str(e)
         time.sleep(0.5)
     return None
 
@@ -302,6 +312,7 @@ main.add_command(batches.submit)
 main.add_command(batches.status)
 main.add_command(batches.results)
 main.add_command(capacity.capacity)
+main.add_command(top.top)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from jobs import usage
 from jobs.errors import InvalidRequest
 from jobs.models import AdminKey, ApiKey, Batch, File, RateLimit, ServiceAccount, Shard, Tenant
 from jobs.outputs import Tokens
-from jobs.status import SHARD_FINISHED, BatchStatus, ShardStatus
+from jobs.status import SHARD_FINISHED, TERMINAL, BatchStatus, ShardStatus
 
 
 def tenant_for_key_hash(s: Session, key_hash: str) -> str | None:
@@ -262,3 +262,15 @@ def upsert_rate_limit(s: Session, tenant_id: str, model: str, values: dict[str, 
     row = s.scalar(stmt.returning(RateLimit), execution_options={"populate_existing": True})
     assert row is not None
     return row
+
+
+# The dashboard -----------------------------------------------------------------------------
+
+
+def recent_batches(s: Session, tenant_id: str | None, since: int, limit: int) -> list[Batch]:
+    """The project's batches (every project's: ``tenant_id`` None) that have not ended or
+    were created at ``since`` or later, newest first."""
+    q = select(Batch).where((Batch.status.not_in(TERMINAL)) | (Batch.created_at >= since))
+    if tenant_id is not None:
+        q = q.where(Batch.tenant_id == tenant_id)
+    return list(s.scalars(q.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)))

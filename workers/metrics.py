@@ -28,10 +28,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from jobs import stats
 from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
 from jobs.status import BreakerState
 
 if TYPE_CHECKING:
+    from redis import Redis
+
     from workers.worker_runtime import WorkerRuntime
 
 log = logging.getLogger("inferq.metrics")
@@ -39,8 +42,7 @@ log = logging.getLogger("inferq.metrics")
 LANES = ("realtime", "jobs", "batch", "flex")  # engine priorities 0..3, in that order
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                   60.0)
+LATENCY_BUCKETS = stats.BOUNDS  # the dashboard's per-minute history uses the same buckets
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # Engine steps (one micro-batch of embeddings, one prefill+decode step of generation):
@@ -143,8 +145,18 @@ def observe_request(lane: str, model: str, kind: str, outcome: str,
         ACCEL_SECONDS.labels(lane, model).inc(seconds)
 
 
+# The per-minute history of queue time and time to first token (jobs/stats.py), written
+# to Redis by the flusher thread ``history_flusher`` makes.
+HISTORY = stats.Recorder()
+
+
+def history_flusher(r: Redis) -> stats.Flusher:
+    return stats.Flusher(HISTORY, r)
+
+
 def observe_queue(lane: str, model: str, seconds: float) -> None:
     QUEUE_SECONDS.labels(lane, model).observe(max(0.0, seconds))
+    HISTORY.observe(stats.QUEUE, lane, model, seconds)
 
 
 class StreamTimer:
@@ -159,7 +171,9 @@ class StreamTimer:
         now = self.clock()
         if self.last is None:
             if self.enqueued_at is not None:
-                TTFT.labels(self.lane, self.model).observe(max(0.0, now - self.enqueued_at))
+                ttft = max(0.0, now - self.enqueued_at)
+                TTFT.labels(self.lane, self.model).observe(ttft)
+                HISTORY.observe(stats.TTFT, self.lane, self.model, ttft)
         else:
             ITL.labels(self.lane, self.model).observe(now - self.last)
         self.last = now

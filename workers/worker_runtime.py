@@ -6,6 +6,12 @@ Which model to load is looked up in the registry (``jobs.registry``), by the
 names the worker's settings give: the registry's row says what the model is (its
 kind and context length); its files come from the repository, cached on local
 disk.
+
+The accelerator (``INFERQ_ACCELERATOR``): ``auto`` loads the models with torch;
+``simulated`` serves the embedding model on the simulated accelerator
+(``workers.runtime.simulated``: its tokenizer only, a forward pass that sleeps for a
+profile's cost) and no chat model. The torch-bound modules are imported only where a
+real model is loaded, so a simulated worker process never imports torch.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jobs.admission import ServiceMeter
 from jobs.context import Context
@@ -26,14 +32,17 @@ from workers import metrics
 from workers.batching import BatchPolicy
 from workers.breaker import Breaker
 from workers.embedding_engine import EmbeddingEngine
-from workers.generation import GenerationEngine
 from workers.heartbeat import Heartbeat, worker_name
 from workers.jobs_lane import JobsConsumer
 from workers.realtime_lane import RealtimeConsumer, UsageWriter
 from workers.runners import EmbeddingRunner, GenerationRunner, Runner
+from workers.runtime import simulated
 from workers.runtime.cache import registered
-from workers.runtime.chat import ChatModel
-from workers.runtime.embeddings import EmbeddingModel
+from workers.runtime.embedding_inputs import EmbeddingInputs
+
+if TYPE_CHECKING:  # torch-bound: imported where a real model is loaded
+    from workers.generation import GenerationEngine
+    from workers.runtime.embeddings import EmbeddingModel
 
 log = logging.getLogger("inferq.worker")
 
@@ -76,6 +85,9 @@ class LazyGenerationEngine:
             return self.loaded
 
     def _load(self) -> GenerationEngine:
+        from workers.generation import GenerationEngine
+        from workers.runtime.chat import ChatModel
+
         st = self.settings
         try:
             found = registered(self.ctx, st.chat_model, CHAT_KIND) if st.chat_model else None
@@ -101,9 +113,10 @@ class WorkerRuntime:
     ctx: Context
     name: str  # as in heartbeats and leases
     breaker: Breaker
-    embedding_model: EmbeddingModel
+    embedding_model: EmbeddingInputs
     embeddings: EmbeddingEngine
     chat: LazyGenerationEngine
+    accelerator: str  # cuda, cpu (torch's device) or simulated
     threads: list[Service] = field(default_factory=list)
     service: ServiceMeter = field(default_factory=ServiceMeter)  # realtime, for admission
 
@@ -122,9 +135,13 @@ class WorkerRuntime:
     def describe(self) -> dict[str, Any]:
         """What the heartbeat announces: lanes, models, breaker state, engine counters,
         and where this process's metrics are scraped."""
-        return {"name": self.name, "lanes": sorted(self.settings.lane_set),
-                "breaker": self.breaker.state, "models": self.models(), "stats": self.stats(),
-                "metrics_url": metrics.url(), "service": self.service.snapshot()}
+        out = {"name": self.name, "lanes": sorted(self.settings.lane_set),
+               "breaker": self.breaker.state, "models": self.models(), "stats": self.stats(),
+               "metrics_url": metrics.url(), "service": self.service.snapshot(),
+               "accelerator": self.accelerator}
+        if self.accelerator == simulated.ACCELERATOR:
+            out["simulated_profile"] = self.settings.simulated_profile
+        return out
 
     def stats(self) -> dict[str, Any]:
         e = self.embeddings.stats
@@ -152,30 +169,46 @@ def build_runtime(settings: Settings, ctx: Context,
                   on_breaker_open: Callable[[float], None]) -> WorkerRuntime:
     """Load the models, start the engines, then the lanes this worker serves and its
     heartbeat. Called once per pool child that serves a model lane."""
-    if settings.torch_threads:
-        import torch
+    model: EmbeddingModel | simulated.SimulatedEmbeddingModel
+    accelerator: str
+    if settings.accelerator == simulated.ACCELERATOR:
+        # Embeddings only: the simulated accelerator runs no chat model.
+        settings = settings.model_copy(update={"chat_model": ""})
+        model = simulated.load_embedding_model(settings, ctx)
+        accelerator = simulated.ACCELERATOR
+    else:
+        if settings.torch_threads:
+            import torch
 
-        torch.set_num_threads(settings.torch_threads)
+            torch.set_num_threads(settings.torch_threads)
+        model = load_embedding_model(settings, ctx)
+        accelerator = model.device.type
     breaker = Breaker(settings.breaker_threshold, settings.breaker_cooldown_s)
     breaker.on_open.append(on_breaker_open)
-    model = load_embedding_model(settings, ctx)
     engine = EmbeddingEngine(model, BatchPolicy(settings.max_batch_tokens,
                                                 settings.max_batch_rows),
                              on_batch=metrics.batch_recorder(model.model_id),
                              on_pass=breaker.record)
     rt = WorkerRuntime(settings, ctx, worker_name(), breaker, model, engine,
-                       LazyGenerationEngine(ctx, settings),
+                       LazyGenerationEngine(ctx, settings), accelerator,
                        service=ServiceMeter(settings.admission_service_window_s))
     metrics.register_runtime(rt)
     if settings.preload_chat_model and rt.chat.name:
         rt.chat.get(rt.chat.name)
     _start_lanes(rt)
-    log.info("worker %s ready: lanes=%s models=%s", rt.name, settings.lanes, rt.models())
+    where: str = accelerator
+    if accelerator == simulated.ACCELERATOR:
+        where = (f"simulated accelerator, profile {settings.simulated_profile} "
+                 "(embeddings only)")
+    log.info("worker %s ready: lanes=%s models=%s accelerator=%s", rt.name, settings.lanes,
+             rt.models(), where)
     return rt
 
 
 def load_embedding_model(settings: Settings, ctx: Context) -> EmbeddingModel:
     """The worker's embedding model, as its registry row describes it."""
+    from workers.runtime.embeddings import EmbeddingModel
+
     found = registered(ctx, settings.embedding_model, EMBEDDINGS_KIND)
     if found is None:
         raise RuntimeError(f"the embedding model {settings.embedding_model!r} is not "
@@ -198,5 +231,6 @@ def _start_lanes(rt: WorkerRuntime) -> None:
         rt.threads.append(JobsConsumer(rt.ctx, rt.embeddings, rt.embedding_model, rt.chat.get,
                                        rt.name, allow=rt.breaker.allow))
     rt.threads.append(Heartbeat(rt.ctx.redis, rt.name, rt.describe, st.worker_heartbeat_s))
+    rt.threads.append(metrics.history_flusher(rt.ctx.redis))  # the dashboard's latencies
     for t in rt.threads:
         t.start()

@@ -26,6 +26,7 @@ BODIES: dict[str, dict[str, Any]] = {
 }
 LISTS = ("batches.list_", "files.list_", "admin.list_projects", "webhooks.list_")
 CREATES = ("batches.create", "files.create", "jobs.create")
+PATH_ARGS = ("model_id", "asset")  # the arguments of <path:...> rules
 ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must be added
     ("POST", "/v1/files"): "files.create", ("GET", "/v1/files"): "files.list_",
     ("GET", "/v1/files/<file_id>"): "files.retrieve",
@@ -55,8 +56,12 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("GET", "/v1/webhook_callback_secret"): "webhooks.callback_secret",
     ("POST", "/v1/webhook_callback_secret"): "webhooks.rotate_callback_secret",
     ("GET", "/v1/models"): "models.list_", ("GET", "/v1/models/<path:model_id>"): "models.retrieve",
+    ("GET", "/v1/dashboard/overview"): "dashboard.overview",
+    ("GET", "/v1/dashboard/batches/<batch_id>"): "dashboard.batch",
+    ("GET", "/dashboard"): "ui.page", ("GET", "/dashboard/static/<path:asset>"): "ui.asset",
     ("GET", "/healthz"): "health.healthz", ("GET", "/readyz"): "health.readyz",
     ("GET", "/metrics"): "health.metrics", ("GET", "/openapi.json"): "openapi.openapi",
+    ("GET", "/docs"): "openapi.docs",
     # the Admin API (admin key: see send)
     ("POST", "/v1/organization/projects"): "admin.create_project",
     ("GET", "/v1/organization/projects"): "admin.list_projects",
@@ -152,7 +157,7 @@ is_list: Callable[[Req], bool] = lambda r: r.view in LISTS  # noqa: E731
 
 def path_id(value: str) -> Callable[[Req, dict[str, str]], Req]:
     def build(r: Req, ids: dict[str, str]) -> Req:
-        r.path = r.path.replace(f"<{'path:' if r.arg == 'model_id' else ''}{r.arg}>", value)
+        r.path = r.path.replace(f"<{'path:' if r.arg in PATH_ARGS else ''}{r.arg}>", value)
         return r
     return build
 
@@ -326,6 +331,7 @@ def ids(app, tenant_key, other_tenant_key) -> dict[str, str]:  # type: ignore[no
     return {"file_id": fid, "batch_id": bid, "job_id": job.get_json()["id"],
             "webhook_endpoint_id": hook.get_json()["id"],
             "model_id": "batch_" + "0" * 20, "other_list_item": bid,
+            "asset": "no-such-asset.js",  # the dashboard's files: one it does not have
             # the admin key sees every project: an id of none
             "project_id": "proj_" + "0" * 26}
 
@@ -344,7 +350,7 @@ def test_bad_input_is_a_client_error(client, ids, admin_key, kind: str, method: 
     if kind == "after_other_tenant" and r.view == "files.list_":
         r.query = f"after={ids['file_id']}"
     if r.arg:  # kinds about other parts of the request: any id will do
-        r.path = r.path.replace(f"<{'path:' if r.arg == 'model_id' else ''}{r.arg}>", "x_1")
+        r.path = r.path.replace(f"<{'path:' if r.arg in PATH_ARGS else ''}{r.arg}>", "x_1")
     resp = send(client, r, admin_key)
     assert 400 <= resp.status_code < 500, resp.get_data(as_text=True)[:500]
     if status is not None:
@@ -361,7 +367,7 @@ def test_junk_a_route_does_not_read_changes_nothing(client, ids, admin_key, meth
     are ignored: the answer is the one the route gives without them."""
     r = Req(method, path, ROUTES[(method, path)])
     if r.arg:
-        r.path = r.path.replace(f"<{'path:' if r.arg == 'model_id' else ''}{r.arg}>",
+        r.path = r.path.replace(f"<{'path:' if r.arg in PATH_ARGS else ''}{r.arg}>",
                                 "all-MiniLM-L6-v2" if r.arg == "model_id" else "x_unknown")
     clean = send(client, r, admin_key)
     r.query, r.headers = "x=%00%ff&y=\x01", {"X-Junk": "\x00\x7f\xff", "Accept": "\x00"}

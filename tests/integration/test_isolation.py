@@ -27,6 +27,7 @@ COVERED = {
     ("GET", "/v1/batches/<batch_id>/events"): "/v1/batches/{batch_id}/events",
     ("GET", "/v1/batches/<batch_id>/output"): "/v1/batches/{batch_id}/output?partial=true",
     ("GET", "/v1/jobs/<job_id>"): "/v1/jobs/{job_id}",
+    ("GET", "/v1/dashboard/batches/<batch_id>"): "/v1/dashboard/batches/{batch_id}",
     ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
         "/v1/webhook_endpoints/{webhook_endpoint_id}",
     ("POST", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
