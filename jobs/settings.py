@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
     preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
+    # Prompt tokens a generation step computes at most (cached ones are free); a prompt
+    # longer than what is left is prefilled in chunks over several steps.
+    max_prefill_tokens: int = 512
+    prefix_cache_mb: int = 256  # key/value state of shared prompt prefixes (0: off)
     torch_threads: int = 0  # 0: torch's default
     # The device the model runs on: auto (torch: CUDA when present, else the CPU) or
     # simulated (workers/runtime/simulated.py: no torch, the forward pass sleeps for the

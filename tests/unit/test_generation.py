@@ -4,6 +4,7 @@ join and leave a running batch must produce exactly what they produce alone."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from workers.generation import Collect, FinishReason, GenerationEngine
 from workers.generation_request import GenRequest
+from workers.prefix_cache import PrefixCache
 from workers.runtime.chat import ChatModel
 from workers.sampling import holdback, stop_at
 
@@ -163,3 +165,115 @@ def test_prefill_out_of_memory_splits_and_too_long_fails_alone(tiny: ChatModel, 
     assert engine.stats.oom_splits > 0 and engine.stats.oom_failures == 1
     for p, s in zip(short, sinks, strict=True):
         assert s.error is None and s.text == tiny.decode(alone(tiny, p, 4))
+
+
+# Shared prefixes and chunked prefill: the state they skip computing must be the state
+# that computing it gives, so every output equals the sequence's output alone.
+INSTRUCTION = " ".join(f"rule {i}: answer briefly and kindly." for i in range(6))
+QUESTIONS = ("a cat", "the stock market fell sharply today", "one two three four",
+             "hello", "a kitten rests on a rug in the sun", "x y", "why is the sky blue",
+             "tell me a story about a dragon and a knight")
+
+
+def shared(tiny: ChatModel) -> list[list[int]]:
+    return [tiny.prompt_ids(f"{INSTRUCTION} {q}") for q in QUESTIONS]
+
+
+def test_shared_prefixes_are_reused_and_change_nothing(tiny: ChatModel) -> None:
+    prompts = shared(tiny)
+    lengths = [3, 9, 5, 12, 7, 10, 4, 8]
+    reqs = [GenRequest(prompt=p, max_new_tokens=n, temperature=0)
+            for p, n in zip(prompts, lengths, strict=True)]
+    cache = PrefixCache(8 << 20)
+    engine = GenerationEngine(tiny, max_batch_rows=2, max_rows=2, prefix_cache=cache)
+    try:
+        sinks = run(engine, reqs)
+        again = run(engine, reqs[:1])[0]  # the whole prompt but its last token is cached
+    finally:
+        engine.stop()
+    for p, n, s in zip(prompts, lengths, sinks, strict=True):
+        assert s.error is None and s.text == tiny.decode(alone(tiny, p, n))
+    assert again.text == sinks[0].text
+    common = len(os.path.commonprefix(prompts)) // cache.block * cache.block
+    # the first two prefill together (nothing cached yet); the six that join later and
+    # the repeat each take at least the shared blocks from the cache
+    assert common >= 32 and engine.stats.cached_tokens >= 7 * common
+    assert cache.stats.hit_tokens == engine.stats.cached_tokens
+    assert engine.stats.prefill_tokens + engine.stats.cached_tokens == \
+        sum(len(p) for p in prompts) + len(prompts[0])
+
+
+def test_chunked_prefill_keeps_each_step_within_its_budget_and_changes_nothing(
+        tiny: ChatModel) -> None:
+    prompts = shared(tiny)
+    budget = 10
+    reqs = [GenRequest(prompt=p, max_new_tokens=6, temperature=0) for p in prompts]
+    steps: list[int] = []
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8, max_prefill_tokens=budget)
+    before = tiny.prefill
+
+    def counted(ps, pasts=None):  # type: ignore[no-untyped-def]
+        steps.append(sum(len(p) - (0 if q is None else q.length)
+                         for p, q in zip(ps, pasts or [None] * len(ps), strict=True)))
+        return before(ps, pasts)
+
+    tiny.prefill = counted  # type: ignore[method-assign]
+    try:
+        sinks = run(engine, reqs)
+    finally:
+        engine.stop()
+        del tiny.prefill
+    for p, s in zip(prompts, sinks, strict=True):
+        assert s.error is None and s.text == tiny.decode(alone(tiny, p, 6))
+    assert engine.stats.chunks >= sum(len(p) for p in prompts) // budget - len(prompts)
+    assert steps and max(steps) <= budget
+    assert engine.stats.prefill_tokens == sum(len(p) for p in prompts)
+
+
+def test_reuse_and_chunks_survive_preemption_and_prefill_splits(
+        tiny: ChatModel, oom_above) -> None:  # type: ignore[no-untyped-def]
+    prompts = shared(tiny)
+    width = max(len(p) for p in prompts)
+    oom_above(3 * (width + 8))  # a few rows fit for a few steps: decodes shed, prefills split
+    reqs = [GenRequest(prompt=p, max_new_tokens=16, temperature=0) for p in prompts]
+    cache = PrefixCache(8 << 20)
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8, max_prefill_tokens=48,
+                              prefix_cache=cache)
+    try:
+        sinks = run(engine, reqs)
+    finally:
+        engine.stop()
+    assert engine.stats.preemptions > 0 and engine.stats.oom_splits > 0
+    assert engine.stats.oom_failures == 0
+    assert engine.stats.chunks > 0 and cache.stats.hit_tokens > 0
+    for p, s in zip(prompts, sinks, strict=True):
+        assert s.error is None and s.usage.completion_tokens == 16
+        assert s.text == tiny.decode(alone(tiny, p, 16))
+
+
+def test_a_step_that_prefills_realtime_rows_prefills_nothing_else(tiny: ChatModel) -> None:
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8)
+    groups: list[int] = []
+    before = tiny.prefill
+
+    def counted(ps, pasts=None):  # type: ignore[no-untyped-def]
+        groups.append(len(ps))
+        return before(ps, pasts)
+
+    tiny.prefill = counted  # type: ignore[method-assign]
+    try:
+        batch = [Collect() for _ in range(4)]
+        rt = Collect()
+        with engine._cond:  # all five are waiting when the engine next admits
+            for s in batch:
+                engine.submit(GenRequest(prompt=tiny.prompt_ids("batch work"),
+                                         max_new_tokens=4, temperature=0), s, 2)
+            engine.submit(GenRequest(prompt=tiny.prompt_ids("urgent"), max_new_tokens=4,
+                                     temperature=0), rt, 0)
+        for s in [rt, *batch]:
+            s.result(timeout=60)
+    finally:
+        engine.stop()
+        del tiny.prefill
+    assert groups[:2] == [1, 4]  # the realtime row alone, then the batch rows join
+    assert rt.text == tiny.decode(alone(tiny, tiny.prompt_ids("urgent"), 4))

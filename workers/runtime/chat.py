@@ -73,6 +73,45 @@ class KV:
                   torch.cat([a.mask, b.mask]))
 
 
+@dataclass
+class Past:
+    """One sequence's key/value state for its first ``length`` tokens: per layer, keys
+    and values [1, heads, length, dim]."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+    @staticmethod
+    def of_row(kv: KV, row: int, length: int) -> Past:
+        """The first ``length`` unmasked columns of ``row`` in ``kv``, copied out."""
+        cols = kv.mask[row].nonzero().squeeze(1)[:length]
+        return Past([(k[row: row + 1].index_select(2, cols).clone(),
+                      v[row: row + 1].index_select(2, cols).clone()) for k, v in kv.layers])
+
+
+def _stack_pasts(pasts: list[Past | None], width: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The rows' pasts left-padded to ``width`` columns, one tensor per layer."""
+    ref = next(p for p in pasts if p is not None and p.length)
+    out = []
+    for layer, (k0, v0) in enumerate(ref.layers):
+        ks, vs = [], []
+        for p in pasts:
+            n = 0 if p is None else p.length
+            k = k0.new_zeros((1, k0.shape[1], width, k0.shape[3]))
+            v = v0.new_zeros((1, v0.shape[1], width, v0.shape[3]))
+            if p is not None and n:
+                k[:, :, width - n:] = p.layers[layer][0]
+                v[:, :, width - n:] = p.layers[layer][1]
+            ks.append(k)
+            vs.append(v)
+        out.append((torch.cat(ks), torch.cat(vs)))
+    return out
+
+
 class ChatModel:
     """Loaded once per worker process; only the engine thread calls prefill/decode.
 
@@ -113,19 +152,36 @@ class ChatModel:
 
     # Engine thread only --------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, KV]:
-        """Run new prompts (left-padded together); returns last-position logits and cache."""
-        width = max(len(p) for p in prompts)
-        inject_oom(self.fault_oom_above_tokens, len(prompts), width)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+    def prefill(self, prompts: list[list[int]], pasts: list[Past | None] | None = None
+                ) -> tuple[torch.Tensor, KV]:
+        """Run new prompts (left-padded together); returns last-position logits and cache.
+
+        ``pasts``: per prompt, the key/value state of its first tokens when already
+        computed (a cached prefix, or the chunks of a chunked prefill), or None. Only the
+        rest of each prompt is computed. Row i of the cache is then laid out as
+        [padding | its past | padding | the rest], every padding column masked, so
+        positions (the mask's running count) and the last column's logits are those of
+        the whole prompt."""
+        pasts = pasts or [None] * len(prompts)
+        plens = [0 if p is None else p.length for p in pasts]
+        width_p = max(plens)
+        width = max(len(t) - n for t, n in zip(prompts, plens, strict=True))
+        inject_oom(self.fault_oom_above_tokens, len(prompts), width_p + width)
+        rows = len(prompts)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, width_p + width), dtype=torch.long)
+        for i, (p, n) in enumerate(zip(prompts, plens, strict=True)):
+            rest = p[n:]
+            ids[i, width - len(rest):] = torch.tensor(rest)
+            mask[i, width_p - n: width_p] = 1
+            mask[i, width_p + width - len(rest):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+        cache = DynamicCache()
+        if width_p:
+            cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts, width_p))
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos[:, width_p:],
+                         cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
 
     @torch.inference_mode()
