@@ -1,9 +1,26 @@
-"""Engine generation throughput: inferq's continuous-batching engine vs transformers
-``generate`` in static batches of the engine's batch size, same prompts, greedy.
+"""Generation throughput, in one run: inferq's engine against the ways a user would
+otherwise generate, on three workloads, greedy, SmolLM2-135M-Instruct.
 
-Workload: N chat prompts built from bench.workload topics (seed 0), max_new_tokens
-fixed; both sides count only real generated tokens (up to EOS or the limit).
-Rounds alternate engine, generate, engine, generate.
+Workloads (seed 0, built from bench.workload topics):
+- ``uniform``: 1-4 sentence chat prompts, 32 new tokens each (the earlier benchmark);
+- ``mixed``: 1-12 sentence prompts, max_tokens drawn from 8/16/32/64/128, stop at EOS;
+- ``shared``: every row has the same ~300-token system prompt, a one-sentence
+  question, max_tokens drawn from 16/32/64.
+
+Sides:
+- ``engine``: inferq's engine as workers run it (prefix cache, prefill budget 512);
+- ``engine, no prefix reuse``: the same without the prefix cache;
+- ``engine before``: no prefix cache and a prefill budget of 4096 tokens per step;
+- ``generate, batches of 32``: transformers ``generate`` in static batches in arrival
+  order, each batch running to its longest row's max_tokens;
+- ``generate, batches of 32 sorted``: the same with rows sorted by prompt length;
+- ``generate, one at a time``: batch size 1, on the first --solo rows;
+- ``transformers continuous batching``: ``ContinuousBatchingManager``, each row with
+  its own max_new_tokens.
+
+Every side counts useful tokens only: each row's tokens up to its first EOS and at most
+its own max_tokens. The engine's prefix cache is emptied before each of its runs, so a
+round never reuses the previous round's prompts. Rounds alternate the sides.
 """
 
 from __future__ import annotations
@@ -12,6 +29,9 @@ import argparse
 import random
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,28 +40,74 @@ from bench.workload import TOPICS, sentence
 
 QUESTIONS = ["Summarize this: {s}", "What happens next? {s}", "Rewrite politely: {s}",
              "Is this good news? {s}", "Explain to a child: {s}"]
+BATCH = 32
 
 
-def prompts(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+def prompts(n: int, seed: int = 0, sentences: tuple[int, int] = (1, 4)
+            ) -> list[list[dict[str, str]]]:
     rng = random.Random(seed)
     names = sorted(TOPICS)
     out = []
     for _ in range(n):
-        s = " ".join(sentence(rng, rng.choice(names)) for _ in range(rng.randint(1, 4)))
+        s = " ".join(sentence(rng, rng.choice(names)) for _ in range(rng.randint(*sentences)))
         out.append([{"role": "user", "content": rng.choice(QUESTIONS).format(s=s)}])
     return out
 
 
-def run_engine(engine, reqs) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    from workers.generation import Collect
+def system_prompt(tokens: Callable[[str], int], target: int = 300) -> str:
+    """A fixed instruction of about ``target`` tokens."""
+    rng = random.Random(42)
+    names = sorted(TOPICS)
+    text = ("You are a careful assistant for a data team. Follow these house rules "
+            "and the examples of tone they give.")
+    i = 1
+    while tokens(text) < target:
+        text += f" Rule {i}: {sentence(rng, rng.choice(names))}"
+        i += 1
+    return text
 
-    sinks = [Collect() for _ in reqs]
+
+@dataclass
+class Row:
+    ids: list[int]
+    max_tokens: int
+
+
+def workload(name: str, n: int, model: Any) -> list[Row]:
+    rng = random.Random(7)
+    if name == "uniform":
+        return [Row(model.chat_ids(m), 32) for m in prompts(n)]
+    if name == "mixed":
+        return [Row(model.chat_ids(m), rng.choice([8, 16, 32, 64, 128]))
+                for m in prompts(n, seed=1, sentences=(1, 12))]
+    system = system_prompt(lambda t: len(model.tokenizer(t)["input_ids"]))
+    return [Row(model.chat_ids([{"role": "system", "content": system}, *m]),
+                rng.choice([16, 32, 64])) for m in prompts(n, seed=2, sentences=(1, 1))]
+
+
+def useful(row: list[int], limit: int, eos: set[int]) -> int:
+    n = 0
+    for t in row[:limit]:
+        if t in eos:
+            break
+        n += 1
+    return n
+
+
+def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
+    from workers.generation import Collect
+    from workers.generation_request import GenRequest
+
+    if engine.cache is not None:
+        engine.cache.clear()
+    sinks = [Collect() for _ in rows]
     done = threading.Semaphore(0)
     for s in sinks:
         s.on_done = lambda _: done.release()
     t0 = time.perf_counter()
-    for r, s in zip(reqs, sinks, strict=True):
-        engine.submit(r, s, 2)
+    for r, s in zip(rows, sinks, strict=True):
+        engine.submit(GenRequest(prompt=r.ids, max_new_tokens=r.max_tokens, temperature=0),
+                      s, 2)
     for _ in sinks:
         done.acquire()
     dt = time.perf_counter() - t0
@@ -49,71 +115,152 @@ def run_engine(engine, reqs) -> tuple[float, int]:  # type: ignore[no-untyped-de
 
 
 @torch.inference_mode()
-def run_generate(model, prompt_ids: list[list[int]], batch: int, new: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    m = model.model
-    eos = model.eos_ids
+def run_generate(model: Any, rows: list[Row], batch: int, order: str = "arrival"
+                 ) -> tuple[float, int]:
+    if order == "sorted":
+        rows = sorted(rows, key=lambda r: len(r.ids))
+    eos = set(model.eos_ids)
     tokens = 0
     t0 = time.perf_counter()
-    for i in range(0, len(prompt_ids), batch):
-        group = prompt_ids[i: i + batch]
-        width = max(map(len, group))
+    for i in range(0, len(rows), batch):
+        group = rows[i: i + batch]
+        width = max(len(r.ids) for r in group)
         ids = torch.full((len(group), width), model.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for j, p in enumerate(group):
-            ids[j, width - len(p):] = torch.tensor(p)
-            mask[j, width - len(p):] = 1
-        out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
-                         do_sample=False, pad_token_id=model.pad_id)
-        for row in out[:, width:].tolist():
-            n = 0
-            for t in row:
-                if t in eos:
-                    break
-                n += 1
-            tokens += n
+        for j, r in enumerate(group):
+            ids[j, width - len(r.ids):] = torch.tensor(r.ids)
+            mask[j, width - len(r.ids):] = 1
+        out = model.model.generate(input_ids=ids, attention_mask=mask,
+                                   max_new_tokens=max(r.max_tokens for r in group),
+                                   do_sample=False, pad_token_id=model.pad_id)
+        for r, row in zip(group, out[:, width:].tolist(), strict=True):
+            tokens += useful(row, r.max_tokens, eos)
     return time.perf_counter() - t0, tokens
+
+
+@torch.inference_mode()
+def run_hf_continuous(model: Any, rows: list[Row]) -> tuple[float, int]:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    m = model.model
+    eos = set(model.eos_ids)
+    gen = GenerationConfig(max_new_tokens=max(r.max_tokens for r in rows), do_sample=False,
+                           eos_token_id=sorted(eos), pad_token_id=model.pad_id)
+    # Sized for this workload (its default sizes the paged cache from free memory,
+    # gigabytes on a CPU, which takes longer to allocate than the run).
+    need = sum(len(r.ids) + r.max_tokens for r in rows[:BATCH])
+    cfg = ContinuousBatchingConfig(page_size=64, num_blocks=2 * need // 64 + 64,
+                                   max_batch_tokens=2048, max_requests_per_batch=BATCH)
+    t0 = time.perf_counter()
+    manager = m.init_continuous_batching(generation_config=gen,
+                                         continuous_batching_config=cfg)
+    manager.start()
+    try:
+        ids = [manager.add_request(r.ids, request_id=f"r{i}", max_new_tokens=r.max_tokens)
+               for i, r in enumerate(rows)]
+        limit = {rid: r.max_tokens for rid, r in zip(ids, rows, strict=True)}
+        tokens, finished = 0, 0
+        while finished < len(rows):
+            res = manager.get_result(timeout=120)
+            if res is None:
+                raise RuntimeError("transformers' continuous batching stopped answering")
+            if res.is_finished():
+                if res.error is not None:
+                    raise RuntimeError(f"transformers' continuous batching: {res.error}")
+                finished += 1
+                tokens += useful(res.generated_tokens, limit[res.request_id], eos)
+    finally:
+        manager.stop(block=True)
+    return time.perf_counter() - t0, tokens
+
+
+ENGINE, NO_REUSE, BEFORE = ("engine", "engine, no prefix reuse", "engine before")
+STATIC, SORTED, SOLO, HF = ("generate, batches of 32", "generate, batches of 32 sorted",
+                            "generate, one at a time", "transformers continuous batching")
+SIDES = {"uniform": [ENGINE, BEFORE, STATIC, SORTED],
+         "mixed": [ENGINE, BEFORE, STATIC, SORTED, SOLO, HF],
+         "shared": [ENGINE, NO_REUSE, BEFORE, SORTED, HF]}
+# The ratios each workload is judged by: (numerator, denominator).
+RATIOS = {"uniform": [(ENGINE, STATIC), (ENGINE, BEFORE)],
+          "mixed": [(ENGINE, SORTED), (ENGINE, STATIC), (ENGINE, HF), (ENGINE, BEFORE)],
+          "shared": [(ENGINE, NO_REUSE), (ENGINE, SORTED), (ENGINE, HF), (ENGINE, BEFORE)]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--solo", type=int, default=16, help="rows run one at a time")
+    ap.add_argument("--workloads", default="uniform,mixed,shared")
     args = ap.parse_args()
 
     from jobs.settings import Settings
     from workers.generation import GenerationEngine
-    from workers.generation_request import GenRequest
+    from workers.prefix_cache import PrefixCache
     from workers.runtime.chat import ChatModel
     from workers.runtime.importers import converted_dir, smollm2_gguf
 
     st = Settings.from_env()
     path = converted_dir(st.cache_dir, "SmolLM2-135M-Instruct", "1", smollm2_gguf())
     model = ChatModel("SmolLM2-135M-Instruct", path)
-    ids = [model.chat_ids(p) for p in prompts(args.n)]
-    engine = GenerationEngine(model, max_batch_rows=args.batch, max_rows=args.batch)
-    reqs = [GenRequest(prompt=p, max_new_tokens=args.new_tokens, temperature=0) for p in ids]
-    run_engine(engine, reqs[:4])  # warm-up
-    run_generate(model, ids[:4], 4, 4)
-    res: dict[str, list[tuple[float, int]]] = {"engine": [], "generate": []}
+    engines = {
+        ENGINE: GenerationEngine(model, BATCH, BATCH, max_prefill_tokens=st.max_prefill_tokens,
+                                 prefix_cache=PrefixCache(st.prefix_cache_mb << 20)),
+        NO_REUSE: GenerationEngine(model, BATCH, BATCH,
+                                   max_prefill_tokens=st.max_prefill_tokens),
+        BEFORE: GenerationEngine(model, BATCH, BATCH, max_prefill_tokens=4096)}
+    names = [w for w in args.workloads.split(",") if w]
+    loads = {w: workload(w, args.n, model) for w in names}
+    warm = loads[names[0]][:4]
+    for e in engines.values():  # warm-up
+        run_engine(e, warm)
+    run_generate(model, warm, 4)
+
+    def side(name: str, rows: list[Row]) -> tuple[float, int]:
+        if name in engines:
+            return run_engine(engines[name], rows)
+        if name == STATIC:
+            return run_generate(model, rows, BATCH)
+        if name == SORTED:
+            return run_generate(model, rows, BATCH, "sorted")
+        if name == SOLO:
+            return run_generate(model, rows[: args.solo], 1)
+        return run_hf_continuous(model, rows)
+
+    res: dict[str, dict[str, list[tuple[float, int]]]] = {
+        w: {s: [] for s in SIDES[w]} for w in names}
     for _ in range(args.rounds):
-        res["engine"].append(run_engine(engine, reqs))
-        res["generate"].append(run_generate(model, ids, args.batch, args.new_tokens))
-    engine.stop()
-    tput = {k: [tok / dt for dt, tok in v] for k, v in res.items()}
-    ratio = [e / g for e, g in zip(tput["engine"], tput["generate"], strict=True)]
-    rows = [["inferq engine (continuous batching)", spread(tput["engine"]),
-             res["engine"][0][1]],
-            ["transformers generate (static batches)", spread(tput["generate"]),
-             res["generate"][0][1]],
-            ["engine ÷ generate", spread(ratio), ""]]
-    report("generation", f"generation throughput, {args.n} chat prompts, batch {args.batch}, "
-           f"{args.new_tokens} new tokens, SmolLM2-135M-Instruct greedy",
-           ["side", "tokens/s (median [range])", "tokens generated"], rows,
-           {"n": args.n, "batch": args.batch, "new_tokens": args.new_tokens,
-            "rounds": args.rounds, "seconds_tokens": res, "tokens_per_s": tput,
-            "ratio": ratio})
+        for w in names:
+            for s in SIDES[w]:
+                res[w][s].append(side(s, loads[w]))
+    for e in engines.values():
+        e.stop()
+    cached = engines[ENGINE].stats.snapshot()
+    rows_out, data = [], {}
+    for w in names:
+        rows = loads[w]
+        tput = {s: [tok / dt for dt, tok in v] for s, v in res[w].items()}
+        ratios = {f"{a} ÷ {b}": [x / y for x, y in zip(tput[a], tput[b], strict=True)]
+                  for a, b in RATIOS[w]}
+        desc = (f"{w}: {len(rows)} rows, prompts {min(len(r.ids) for r in rows)}–"
+                f"{max(len(r.ids) for r in rows)} tokens, max_tokens "
+                f"{min(r.max_tokens for r in rows)}–{max(r.max_tokens for r in rows)}")
+        rows_out.append([desc, "", ""])
+        for s in SIDES[w]:
+            rows_out.append([f"  {s}" + (f" ({args.solo} rows)" if s == SOLO else ""),
+                             spread(tput[s]), res[w][s][0][1]])
+        for k, v in ratios.items():
+            rows_out.append([f"  {k}", spread(v), ""])
+        data[w] = {"seconds_tokens": res[w], "tokens_per_s": tput, "ratios": ratios,
+                   "prompt_tokens": [len(r.ids) for r in rows],
+                   "max_tokens": [r.max_tokens for r in rows]}
+    report("generation", f"generation throughput, SmolLM2-135M-Instruct greedy, batch "
+           f"{BATCH}, {args.rounds} rounds; engine prefill budget {st.max_prefill_tokens}, "
+           f"prefix cache {st.prefix_cache_mb} MB",
+           ["workload / side", "useful tokens/s (median [range])", "tokens"], rows_out,
+           {"n": args.n, "rounds": args.rounds, "solo": args.solo, "batch": BATCH,
+            "workloads": data, "engine_stats": cached})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from bench.common import report, spread
-from bench.generation import prompts, run_engine
+from bench.generation import Row, prompts, run_engine
 from bench.workload import TOPICS, sentence
 
 
@@ -100,6 +100,7 @@ def chat(args: argparse.Namespace) -> list[list[Any]]:
     base = ChatModel(name, path)
     ids = [base.chat_ids(p) for p in prompts(args.chat_n)]
     reqs = [GenRequest(prompt=p, max_new_tokens=args.new_tokens, temperature=0) for p in ids]
+    timed = [Row(p, args.new_tokens) for p in ids]
     rows = []
     e0 = GenerationEngine(base, max_batch_rows=args.chat_batch, max_rows=args.chat_batch)
     try:
@@ -112,8 +113,8 @@ def chat(args: argparse.Namespace) -> list[list[Any]]:
                 speeds: dict[str, list[float]] = {"fp32": [], p: []}
                 ratios = []
                 for _ in range(args.rounds):
-                    dt0, tok0 = run_engine(e0, reqs)
-                    dt1, tok1 = run_engine(e1, reqs)
+                    dt0, tok0 = run_engine(e0, timed)
+                    dt1, tok1 = run_engine(e1, timed)
                     speeds["fp32"].append(tok0 / dt0)
                     speeds[p].append(tok1 / dt1)
                     ratios.append((tok1 / dt1) / (tok0 / dt0))
