@@ -56,6 +56,7 @@ COVERED = {
 # Routes with an id that belongs to no project, and why.
 NOT_PROJECT_OBJECTS = {
     ("GET", "/v1/models/<path:model_id>"): "models are the service's, served to every project",
+    ("GET", "/dashboard/static/<path:asset>"): "the dashboard's own files, the same for all",
     # The admin key administers every project: a project id is its own scope.
     ("GET", f"{ORG}/<project_id>"): "the project itself",
     ("POST", f"{ORG}/<project_id>"): "the project itself",
