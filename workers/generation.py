@@ -152,6 +152,7 @@ class GenerationEngine:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
+        self._rushed = False  # the last step was a realtime prefill alone
         self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
         self._thread.start()
 
@@ -300,7 +301,12 @@ class GenerationEngine:
             if deferred:
                 self._fit_rows = max(1, len(prev) + len(joined))
             oom = bool(deferred) or len(joined) + len(chunked) < len(admitted)
-        if prev:
+        # A step that prefilled realtime rows ends there: their first token is out, and
+        # the running rows decode in the next step (one step later, not one step longer).
+        # Never twice in a row, so that arrivals at every step cannot stall the decodes.
+        rushed = bool(admitted) and admitted[0].priority == 0 and not self._rushed
+        self._rushed = rushed
+        if prev and not rushed:
             assert self._kv is not None
             last = [s.generated[-1] for s in prev]
             try:

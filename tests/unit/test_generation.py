@@ -277,3 +277,51 @@ def test_a_step_that_prefills_realtime_rows_prefills_nothing_else(tiny: ChatMode
         del tiny.prefill
     assert groups[:2] == [1, 4]  # the realtime row alone, then the batch rows join
     assert rt.text == tiny.decode(alone(tiny, tiny.prompt_ids("urgent"), 4))
+
+
+def test_realtime_prefills_alone_but_never_stall_the_decodes(tiny: ChatModel) -> None:
+    """Driven step by step (the engine's thread stopped): a step that prefills a
+    realtime row does not decode the running rows, but the next one always does, so
+    realtime arrivals at every step delay the others by one step at most."""
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8)
+    engine.stop()
+    events: list[tuple[str, int]] = []
+    prefill, decode = tiny.prefill, tiny.decode_step
+
+    def counted_prefill(ps, pasts=None):  # type: ignore[no-untyped-def]
+        events.append(("prefill", len(ps)))
+        return prefill(ps, pasts)
+
+    def counted_decode(last, pos, kv):  # type: ignore[no-untyped-def]
+        events.append(("decode", len(last)))
+        return decode(last, pos, kv)
+
+    def step() -> list[tuple[str, int]]:
+        events.clear()
+        with engine._cond:
+            admitted = engine._admit()
+        engine.step(admitted)
+        return list(events)
+
+    def request(text: str) -> GenRequest:
+        return GenRequest(prompt=tiny.prompt_ids(text), max_new_tokens=8, temperature=0)
+
+    tiny.prefill, tiny.decode_step = counted_prefill, counted_decode  # type: ignore[method-assign]
+    try:
+        sinks = [Collect() for _ in range(5)]
+        engine.submit(request("batch one"), sinks[0], 2)
+        engine.submit(request("batch two"), sinks[1], 2)
+        assert step() == [("prefill", 2)]
+        engine.submit(request("urgent one"), sinks[2], 0)
+        assert step() == [("prefill", 1)]  # the batch rows wait one step
+        engine.submit(request("urgent two"), sinks[3], 0)
+        assert step() == [("prefill", 1), ("decode", 3)]  # not twice in a row
+        engine.submit(request("urgent three"), sinks[4], 0)
+        assert step() == [("prefill", 1)]
+        while not all(s.event.is_set() for s in sinks):
+            step()
+    finally:
+        del tiny.prefill, tiny.decode_step
+    texts = ["batch one", "batch two", "urgent one", "urgent two", "urgent three"]
+    for t, s in zip(texts, sinks, strict=True):
+        assert s.error is None and s.text == tiny.decode(alone(tiny, tiny.prompt_ids(t), 8))
