@@ -1,20 +1,26 @@
-"""The capacity planner's accuracy: predicted (M/M/c, Erlang C) vs measured p99 wait of
+"""The capacity planner's accuracy: predicted (M/G/c) vs measured p99 wait of
 realtime requests for 1, 2 and 4 workers at two loads each.
 
 For each worker count c, a stack (embedded backends) with c model workers on the
 realtime lane, each with one torch thread and micro-batches of one row
-(INFERQ_MAX_BATCH_ROWS=1: a worker is one server taking one request at a time, the
-M/M/c server). Requests: POST /v1/embeddings of one text from a pool of --texts
-texts whose lengths are exponentially distributed (seed 0; the service time varies
-as M/M/c assumes, though not exactly exponentially).
+(INFERQ_MAX_BATCH_ROWS=1: a worker is one server taking one request at a time).
+Requests: POST /v1/embeddings of one text from a pool of --texts texts whose lengths
+are exponentially distributed (seed 0): the service time varies with the length, less
+than an exponential one would (the workers measure its Cs², which M/G/c takes).
 1. calibration: each text sent alone, three times, one at a time; its latency
    without waiting is the least of the three (L0: API, Redis and its own pass);
 2. capacity: a closed loop of 3c clients for --saturate s; μ_sat per worker from
    the workers' heartbeats;
 3. for each load ρ in --loads: Poisson arrivals at λ = ρ·c·μ_sat for --window s;
-   each request's wait is its latency minus its text's L0; the prediction is Erlang
-   C's p99 wait at that λ with μ as the workers measured it during the run (their
-   heartbeats: the model's input, read from live metrics as `inferq capacity` does).
+   each request's wait is its latency minus its text's L0; the prediction is the
+   M/G/c p99 wait (Erlang C with the Allen–Cunneen factor) at that λ with μ and Cs²
+   as the workers measured them during the run (their heartbeats: the model's input,
+   read from live metrics as `inferq capacity` does), the M/M/c one beside it.
+With ``--accelerator simulated`` the workers run the simulated accelerator
+(``--profile``, default cpu1-minilm: one CPU core's cost per padded token) instead of
+the model: everything else is the real service, and c workers are c servers even where
+c exceeds the machine's cores (four torch workers on two cores are not four servers).
+Text lengths are capped at --max-words.
 Traffic goes to 127.0.0.1 only.
 """
 
@@ -37,10 +43,10 @@ WORDS = ("queue server wait arrival rate service latency objective worker model 
          "batch token request answer capacity load").split()
 
 
-def text_pool(n: int, mean_words: float, seed: int) -> list[str]:
+def text_pool(n: int, mean_words: float, seed: int, max_words: int = 200) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(1 + min(200, int(rng.expovariate(
-        1 / mean_words))))) for _ in range(n)]
+    return [" ".join(rng.choice(WORDS) for _ in range(1 + min(max_words, int(
+        rng.expovariate(1 / mean_words))))) for _ in range(n)]
 
 
 def measured(r: Any) -> tuple[float, float]:
@@ -64,7 +70,8 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,
                       torch_threads=1, chat_model="", max_batch_rows=1,
-                      admission_service_window_s=args.window)
+                      admission_service_window_s=args.window,
+                      accelerator=args.accelerator, simulated_profile=args.profile)
         stack = Stack(st, model_workers=0)
         try:
             stack.start()
@@ -99,7 +106,8 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
                 predicted = admission.wait_percentile(0.99, c, lam, mu, scv)
                 mmc = admission.wait_percentile(0.99, c, lam, mu)
                 p99 = pct(waits, 0.99)
-                out.append({"workers": c, "rho_offered": rho, "lambda": lam, "mu_sat": mu_sat,
+                out.append({"workers": c, "accelerator": args.accelerator,
+                            "rho_offered": rho, "lambda": lam, "mu_sat": mu_sat,
                             "mu_run": mu, "scv": scv, "rho_model": lam / (c * mu),
                             "requests": len(got), "answered": len(waits),
                             "predicted_p99_s": predicted, "mmc_p99_s": mmc,
@@ -161,8 +169,11 @@ def main() -> None:
     ap.add_argument("--saturate", type=float, default=8)
     ap.add_argument("--texts", type=int, default=24)
     ap.add_argument("--mean-words", type=float, default=40)
+    ap.add_argument("--max-words", type=int, default=200)
+    ap.add_argument("--accelerator", choices=["auto", "simulated"], default="auto")
+    ap.add_argument("--profile", default="cpu1-minilm", help="simulated accelerator profile")
     args = ap.parse_args()
-    pool = text_pool(args.texts, args.mean_words, seed=0)
+    pool = text_pool(args.texts, args.mean_words, seed=0, max_words=args.max_words)
     rows: list[dict[str, Any]] = []
     for c in args.workers:
         rows += one_config(c, args, pool)
@@ -178,7 +189,10 @@ def main() -> None:
     within = sum(1 for x in rows if x["error"] is not None and abs(x["error"]) <= 0.25)
     mmc_within = sum(1 for x in rows
                      if x["mmc_error"] is not None and abs(x["mmc_error"]) <= 0.25)
-    report("planner", f"predicted (M/G/c) vs measured realtime wait; {within} of {len(rows)} "
+    device = ("the model" if args.accelerator == "auto"
+              else f"the simulated accelerator ({args.profile})")
+    report(f"planner-{args.accelerator}", f"predicted (M/G/c) vs measured realtime wait, "
+           f"workers on {device}; {within} of {len(rows)} "
            f"p99 predictions within 25 % (M/M/c: {mmc_within})",
            ["workers", "ρ offered", "λ /s", "μ /s/worker", "Cs²", "ρ model", "answered",
             "p50 pred ms", "p50 meas ms", "p99 pred ms", "p99 meas ms", "p99 error",
