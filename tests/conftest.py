@@ -284,3 +284,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
                       bos_token_id=None, eos_token_id=None, pad_token_id=tok.pad_token_id)
     LlamaForCausalLM(cfg).save_pretrained(str(path))
     return ChatModel("tiny", path)
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie, killed and waiting for its reaper, does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

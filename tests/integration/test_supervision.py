@@ -26,7 +26,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from jobs.realtime import WORKERS
-from tests.conftest import free_port
+from tests.conftest import free_port, process_alive
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 from tests.integration.test_cli import CLI, clean_env
 
@@ -152,7 +152,7 @@ def test_a_sigkilled_worker_is_restarted_and_its_shard_resumed(up2: Running) -> 
         deadline = time.monotonic() + 300
         while True:
             fresh = [pid for pid, lanes in heartbeat_pids(r).items()
-                     if "batch" in lanes and pid != pool_child and _alive(pid)
+                     if "batch" in lanes and pid != pool_child and process_alive(pid)
                      and parent_of(parent_of(pid)) == up2.proc.pid
                      and parent_of(pid) != victim]
             if len(fresh) == 2:  # the other worker and the restarted one
@@ -186,10 +186,3 @@ def test_a_sigkilled_worker_is_restarted_and_its_shard_resumed(up2: Running) -> 
     db.dispose()
     r.close()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

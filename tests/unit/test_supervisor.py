@@ -20,6 +20,7 @@ from cli.supervisor import (
     Supervisor,
     describe_exit,
 )
+from tests.conftest import process_alive
 
 POLICY = RestartPolicy(first_delay_s=1, max_delay_s=30, stable_s=60, max_exits=5, window_s=60)
 
@@ -153,15 +154,7 @@ def test_what_a_dead_child_started_is_killed_with_it(children: Children, tmp_pat
     victim.wait()
     sup.poll()
     deadline = time.monotonic() + 30
-    while _alive(grandchild):
+    while process_alive(grandchild):
         assert time.monotonic() < deadline, "the grandchild outlived its parent"
         time.sleep(0.05)
 
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, killed and waiting for its reaper, does not count)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
