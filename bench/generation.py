@@ -8,9 +8,12 @@ Workloads (seed 0, built from bench.workload topics):
   question, max_tokens drawn from 16/32/64.
 
 Sides:
-- ``engine``: inferq's engine as workers run it (prefix cache, prefill budget 512);
+- ``engine``: inferq's engine as workers run it (prefix cache; no realtime rows here,
+  so its batch prefill budget, 4096 tokens per step);
 - ``engine, no prefix reuse``: the same without the prefix cache;
-- ``engine before``: no prefix cache and a prefill budget of 4096 tokens per step;
+- ``engine before``: the engine as it was before prefix reuse, prefill budgets and
+  cache rows refilled in place: no prefix cache, 4096 prompt tokens per step, and the
+  batch's cache copied whenever a sequence finishes (``EngineBefore``);
 - ``generate, batches of 32``: transformers ``generate`` in static batches in arrival
   order, each batch running to its longest row's max_tokens;
 - ``generate, batches of 32 sorted``: the same with rows sorted by prompt length;
@@ -175,6 +178,26 @@ def run_hf_continuous(model: Any, rows: list[Row]) -> tuple[float, int]:
     return time.perf_counter() - t0, tokens
 
 
+def engine_before(model: Any) -> Any:
+    """The engine with its cache handling as it was: finished rows are removed (the
+    batch's cache copied) at once, and joining rows are appended (copied again)."""
+    from workers.generation import GenerationEngine
+    from workers.runtime.chat import KV
+
+    class EngineBefore(GenerationEngine):
+        def _join(self, prev: list[Any], joined: list[Any], new_kv: Any) -> None:
+            self._kv = KV.concat(self._kv if prev else None, new_kv)
+            self._running = prev + joined
+
+        def _reap(self) -> None:
+            keep = [i for i, s in enumerate(self._running) if not s.done]
+            if len(keep) < len(self._running):
+                self._running = [self._running[i] for i in keep]
+                self._kv = self._kv.select(keep).trim() if keep and self._kv else None
+
+    return EngineBefore(model, BATCH, BATCH, max_prefill_tokens=4096)
+
+
 ENGINE, NO_REUSE, BEFORE = ("engine", "engine, no prefix reuse", "engine before")
 STATIC, SORTED, SOLO, HF = ("generate, batches of 32", "generate, batches of 32 sorted",
                             "generate, one at a time", "transformers continuous batching")
@@ -197,7 +220,7 @@ def main() -> None:
 
     from jobs.settings import Settings
     from workers.generation import GenerationEngine
-    from workers.prefix_cache import PrefixCache
+    from workers.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.runtime.chat import ChatModel
     from workers.runtime.importers import converted_dir, smollm2_gguf
 
@@ -206,10 +229,13 @@ def main() -> None:
     model = ChatModel("SmolLM2-135M-Instruct", path)
     engines = {
         ENGINE: GenerationEngine(model, BATCH, BATCH, max_prefill_tokens=st.max_prefill_tokens,
-                                 prefix_cache=PrefixCache(st.prefix_cache_mb << 20)),
+                                 batch_prefill_tokens=st.batch_prefill_tokens,
+                                 prefix_cache=PrefixCache(st.prefix_cache_mb << 20,
+                                                         min_hit_tokens=WORTH_TOKENS)),
         NO_REUSE: GenerationEngine(model, BATCH, BATCH,
-                                   max_prefill_tokens=st.max_prefill_tokens),
-        BEFORE: GenerationEngine(model, BATCH, BATCH, max_prefill_tokens=4096)}
+                                   max_prefill_tokens=st.max_prefill_tokens,
+                                   batch_prefill_tokens=st.batch_prefill_tokens),
+        BEFORE: engine_before(model)}
     names = [w for w in args.workloads.split(",") if w]
     loads = {w: workload(w, args.n, model) for w in names}
     warm = loads[names[0]][:4]
@@ -256,8 +282,8 @@ def main() -> None:
                    "prompt_tokens": [len(r.ids) for r in rows],
                    "max_tokens": [r.max_tokens for r in rows]}
     report("generation", f"generation throughput, SmolLM2-135M-Instruct greedy, batch "
-           f"{BATCH}, {args.rounds} rounds; engine prefill budget {st.max_prefill_tokens}, "
-           f"prefix cache {st.prefix_cache_mb} MB",
+           f"{BATCH}, {args.rounds} rounds; engine prefill budget {st.batch_prefill_tokens} "
+           f"(no realtime rows), prefix cache {st.prefix_cache_mb} MB",
            ["workload / side", "useful tokens/s (median [range])", "tokens"], rows_out,
            {"n": args.n, "rounds": args.rounds, "solo": args.solo, "batch": BATCH,
             "workloads": data, "engine_stats": cached})

@@ -78,8 +78,12 @@ class Settings(BaseSettings):
     preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     # Prompt tokens a generation step computes at most (cached ones are free); a prompt
-    # longer than what is left is prefilled in chunks over several steps.
-    max_prefill_tokens: int = 512
+    # longer than what is left is prefilled in chunks over several steps. The first
+    # holds while realtime streams are about (one seen in the last realtime_quiet_s),
+    # the second otherwise.
+    max_prefill_tokens: int = Field(default=512, ge=1)
+    batch_prefill_tokens: int = Field(default=4096, ge=1)
+    realtime_quiet_s: float = Field(default=300.0, ge=0)
     prefix_cache_mb: int = 256  # key/value state of shared prompt prefixes (0: off)
     torch_threads: int = 0  # 0: torch's default
     # The device the model runs on: auto (torch: CUDA when present, else the CPU) or

@@ -21,6 +21,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
+import os
 import threading
 import time
 from collections import deque
@@ -113,6 +115,8 @@ class GenStats:
     prefill_tokens: int = 0  # prompt tokens computed by prefills
     cached_tokens: int = 0  # prompt tokens whose state came from the prefix cache or chunks
     chunks: int = 0  # partial prefills of prompts longer than a step's prefill budget
+    refills: int = 0  # sequences that took over a finished one's cache row in place
+    compactions: int = 0  # times the cache was copied to drop finished rows
     step_s: float = 0.0
     recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -124,7 +128,8 @@ class GenStats:
                 "max_rows": self.max_rows, "oom_splits": self.oom_splits,
                 "preemptions": self.preemptions, "oom_failures": self.oom_failures,
                 "prefill_tokens": self.prefill_tokens, "cached_tokens": self.cached_tokens,
-                "chunks": self.chunks,
+                "chunks": self.chunks, "refills": self.refills,
+                "compactions": self.compactions,
                 "step_s": self.step_s, "recent_step_p99_s": p99,
                 "recent_step_p50_s": steps[len(steps) // 2] if steps else 0.0}
 
@@ -133,17 +138,31 @@ class GenerationEngine:
     def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
                  max_prefill_tokens: int = 4096,
                  on_step: Callable[[int, float], None] | None = None,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None,
+                 batch_prefill_tokens: int | None = None, realtime_quiet_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self.max_batch_rows = max_batch_rows  # rows for jobs/batch/flex work
         self.max_rows = max_rows  # hard cap, realtime included
         # Prompt tokens computed per step at most (cached ones are free); a prompt
-        # beyond what is left of it is prefilled in chunks over several steps.
+        # beyond what is left of it is prefilled in chunks over several steps. The
+        # small budget protects realtime streams and holds while one has been seen in
+        # the last ``realtime_quiet_s``; without them a step may compute
+        # ``batch_prefill_tokens`` (fewer, larger prefills: more tokens/s).
         self.max_prefill_tokens = max_prefill_tokens
+        self.batch_prefill_tokens = (max_prefill_tokens if batch_prefill_tokens is None
+                                     else max(batch_prefill_tokens, max_prefill_tokens))
+        self.realtime_quiet_s = realtime_quiet_s
+        self._clock = clock
+        self._realtime_at = -math.inf  # when the last realtime sequence was submitted
         self.cache = prefix_cache
         self.on_step = on_step
         self.stats = GenStats()
         self._waiting: list[tuple[int, int, _Seq]] = []
+        # The rows of the running batch's cache, in order. A finished sequence stays in
+        # its row as a hole until a joining sequence takes the row over in place or the
+        # holes are many enough to compact (``_reap``): moving a long batch's cache
+        # costs more than several decode steps.
         self._running: list[_Seq] = []
         self._kv: KV | None = None
         self._fit_rows: int | None = None  # rows that fitted when memory last ran out
@@ -158,6 +177,8 @@ class GenerationEngine:
 
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
         s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
+        if priority == 0:
+            self._realtime_at = self._clock()
         if req.seed is not None:
             s.gen = torch.Generator().manual_seed(req.seed)
         self._enqueue(s)
@@ -170,7 +191,7 @@ class GenerationEngine:
     def load(self) -> tuple[int, int]:
         """(running, waiting) sequences."""
         with self._cond:
-            return len(self._running), len(self._waiting)
+            return len(self._live()), len(self._waiting)
 
     def stop(self) -> None:
         with self._cond:
@@ -197,8 +218,16 @@ class GenerationEngine:
                         s.sink.fail(e)
                 self._running, self._kv = [], None
         err = RuntimeError("the engine stopped")
-        for s in self._running + [w[2] for w in self._waiting]:
+        for s in self._live() + [w[2] for w in self._waiting]:
             s.sink.fail(err)
+
+    def prefill_budget(self) -> int:
+        """Prompt tokens the next step may compute: the small budget while realtime
+        streams are about (one waiting, or one submitted within the quiet time)."""
+        recent = self._clock() - self._realtime_at < self.realtime_quiet_s
+        if recent or (self._waiting and self._waiting[0][0] == 0):
+            return self.max_prefill_tokens
+        return self.batch_prefill_tokens
 
     def _admit(self) -> list[_Seq]:
         """Called under the lock each step: pop waiting sequences that fit, in priority
@@ -206,9 +235,10 @@ class GenerationEngine:
         takes what is left of the budget as a chunk. Realtime rows are never joined by
         other prefills in their step."""
         out: list[_Seq] = []
-        budget = self.max_prefill_tokens
-        rows = len(self._running)
-        batch_rows = sum(s.priority != 0 for s in self._running)  # realtime takes no slot
+        budget = self.prefill_budget()
+        live = self._live()
+        rows = len(live)
+        batch_rows = sum(s.priority != 0 for s in live)  # realtime takes no slot
         cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
         while self._waiting and budget > 0:
             prio, _, s = self._waiting[0]
@@ -299,7 +329,7 @@ class GenerationEngine:
             for s in deferred + chunked:  # deferred: it fits once some of the batch ended
                 self._enqueue(s)
             if deferred:
-                self._fit_rows = max(1, len(prev) + len(joined))
+                self._fit_rows = max(1, len(self._live()) + len(joined))
             oom = bool(deferred) or len(joined) + len(chunked) < len(admitted)
         # A step that prefilled realtime rows ends there: their first token is out, and
         # the running rows decode in the next step (one step later, not one step longer).
@@ -308,6 +338,9 @@ class GenerationEngine:
         self._rushed = rushed
         if prev and not rushed:
             assert self._kv is not None
+            # Every row is fed (a hole its old last token, at its old position: wasted
+            # work, and cheaper than moving the cache); only live rows are sampled.
+            live = [i for i, s in enumerate(prev) if not s.done]
             last = [s.generated[-1] for s in prev]
             try:
                 logits, kv = self.model.decode_step(last, [s.pos for s in prev], self._kv)
@@ -317,16 +350,17 @@ class GenerationEngine:
                 prev, oom = self._shed(prev, e), True
             else:
                 self._kv = kv
-                for s in prev:
-                    s.pos += 1
-                    charged.append((s, 1))
-                self._advance(prev, logits)
+                for i in live:
+                    prev[i].pos += 1
+                    charged.append((prev[i], 1))
+                self._advance([prev[i] for i in live], logits[live])
         if new_kv is not None:
-            self._kv = KV.concat(self._kv if prev else None, new_kv)
-        self._running = prev + joined
+            self._join(prev, joined, new_kv)
+        else:
+            self._running = prev
         if not self._running:
             self._kv = None
-        rows = len(self._running)
+        rows = len(self._live())
         self._reap()
         self._grow_back(oom)
         return rows
@@ -340,6 +374,11 @@ class GenerationEngine:
         ``crowded``: other sequences hold memory, so one that does not fit is deferred,
         not failed."""
         prompts = [s.tokens()[: s.chunk_to] for s in seqs]
+        lead, follow = self._leaders(seqs, prompts)
+        if follow:  # the leaders' prefill puts the shared prefixes in the cache
+            first = self._prefill([seqs[i] for i in lead], crowded, deferred)
+            return first + self._prefill([seqs[i] for i in follow], crowded or bool(first),
+                                         deferred)
         pasts = [self._past(s, p) for s, p in zip(seqs, prompts, strict=True)]
         try:
             logits, kv = self.model.prefill(prompts, pasts)
@@ -366,6 +405,35 @@ class GenerationEngine:
                 self._fail_alone(seqs[0], e)
             return []
 
+    def _leaders(self, seqs: list[_Seq], prompts: list[list[int]]
+                 ) -> tuple[list[int], list[int]]:
+        """Rows admitted together whose prompts share a prefix that the cache does not
+        hold yet (a batch's instruction, before its first row ran) would all compute
+        it. Split them: leaders (the first row of each such prefix, and rows sharing
+        nothing) are prefilled first, and the followers then take the prefix from the
+        cache. Worth an extra forward pass only when the followers skip at least half
+        of the tokens; otherwise (all, [])."""
+        every = list(range(len(seqs)))
+        if self.cache is None or len(seqs) < 2:
+            return every, []
+        block = self.cache.block
+        lead: list[int] = []
+        follow: list[int] = []
+        saved = 0
+        for i, (s, p) in enumerate(zip(seqs, prompts, strict=True)):
+            have = max(self.cache.cached(p), s.past.length if s.past is not None else 0)
+            shared = max((len(os.path.commonprefix([p, prompts[j]])) for j in lead),
+                         default=0)
+            shared = min(shared // block * block, (len(p) - 1) // block * block)
+            if shared - have >= block:
+                follow.append(i)
+                saved += shared - have
+            else:
+                lead.append(i)
+        if not follow or 2 * saved < sum(len(p) for p in prompts):
+            return every, []
+        return lead, follow
+
     def _past(self, s: _Seq, prompt: list[int]) -> Past | None:
         """The longest state ``s`` can start its prefill of ``prompt`` from: its own
         earlier chunks, or the cache's longest prefix of it, whichever is longer."""
@@ -377,21 +445,23 @@ class GenerationEngine:
 
     def _shed(self, prev: list[_Seq], e: Exception) -> list[_Seq]:
         """A decode step ran out of memory: keep the most urgent, oldest half of the
-        batch and send the rest back to the queue (or fail a sequence that is alone)."""
-        if len(prev) == 1:
-            self._fail_alone(prev[0], e)
+        batch and send the rest back to the queue (or fail a sequence that is alone);
+        the holes go too."""
+        live = [i for i, s in enumerate(prev) if not s.done]
+        if len(live) == 1:
+            self._fail_alone(prev[live[0]], e)
             self._kv = None
             return []
         assert self._kv is not None
-        ranked = sorted(range(len(prev)), key=lambda i: (prev[i].priority, prev[i].order))
-        keep = sorted(ranked[: len(prev) // 2])
-        for i in ranked[len(prev) // 2:]:
+        ranked = sorted(live, key=lambda i: (prev[i].priority, prev[i].order))
+        keep = sorted(ranked[: len(live) // 2])
+        for i in ranked[len(live) // 2:]:
             self._enqueue(prev[i])
             self.stats.preemptions += 1
         self._kv = self._kv.select(keep).trim()
         self._fit_rows = len(keep)
-        log.warning("out of memory at %d rows: %d sent back to the queue", len(prev),
-                    len(prev) - len(keep))
+        log.warning("out of memory at %d rows: %d sent back to the queue", len(live),
+                    len(live) - len(keep))
         return [prev[i] for i in keep]
 
     def _fail_alone(self, s: _Seq, e: Exception) -> None:
@@ -458,12 +528,46 @@ class GenerationEngine:
                     abandoned(s.usage())
         self._reap()
 
-    def _reap(self) -> None:
-        keep = [i for i, s in enumerate(self._running) if not s.done]
-        if len(keep) == len(self._running):
+    def _live(self) -> list[_Seq]:
+        return [s for s in self._running if not s.done]
+
+    def _join(self, prev: list[_Seq], joined: list[_Seq], new_kv: KV) -> None:
+        """Add the prefilled ``joined`` (rows of ``new_kv``) to the batch: into holes in
+        place where the cache is wide enough, after the last row otherwise."""
+        if not prev:
+            self._running, self._kv = joined, new_kv
             return
-        self._running = [self._running[i] for i in keep]
-        self._kv = self._kv.select(keep).trim() if keep and self._kv is not None else None
+        assert self._kv is not None
+        holes = [i for i, s in enumerate(prev) if s.done]
+        width = self._kv.width
+        fit = [j for j, n in enumerate(new_kv.spans()) if n <= width][: len(holes)]
+        if fit:
+            self._kv.place(holes[: len(fit)], new_kv.select(fit))
+            for slot, j in zip(holes, fit, strict=False):
+                prev[slot] = joined[j]
+            self.stats.refills += len(fit)
+        rest = [j for j in range(len(joined)) if j not in set(fit)]
+        if rest:
+            self._kv = KV.concat(self._kv, new_kv if not fit else new_kv.select(rest))
+        self._running = prev + [joined[j] for j in rest]
+
+    def _reap(self) -> None:
+        """Finished sequences leave holes while sequences wait to fill them (at the
+        next step, in place); the cache is compacted when nothing waits, or when the
+        holes are half its rows."""
+        holes = [i for i, s in enumerate(self._running) if s.done]
+        if not holes:
+            return
+        keep = [i for i, s in enumerate(self._running) if not s.done]
+        if not keep or self._kv is None:
+            self._running, self._kv = [], None
+        elif not self._waiting or 2 * len(holes) >= len(self._running):
+            self._running = [self._running[i] for i in keep]
+            self._kv = self._kv.select(keep).trim()
+            self.stats.compactions += 1
+        else:  # masked out, so that columns only holes used can be trimmed
+            self._kv.clear(holes)
+            self._kv = self._kv.trim()
 
 
 class Collect:

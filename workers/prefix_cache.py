@@ -58,10 +58,17 @@ class CacheStats:
                 "blocks": self.blocks}
 
 
+WORTH_TOKENS = 64
+
+
 @dataclass
 class PrefixCache:
     max_bytes: int
     block: int = 16
+    # A match shorter than this is computed again: taking it costs about what it saves
+    # (measured on the mixed workload of bench.generation), and the rows' differing
+    # pasts widen the batch's cache. Workers use WORTH_TOKENS.
+    min_hit_tokens: int = 0
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
@@ -85,7 +92,8 @@ class PrefixCache:
     def cached(self, tokens: list[int]) -> int:
         """How many leading tokens of ``tokens`` a lookup would take from the cache (at
         most all but the last, whose logits the prefill must compute)."""
-        return len(self._walk(tokens, len(tokens) - 1)) * self.block
+        n = len(self._walk(tokens, len(tokens) - 1)) * self.block
+        return n if n >= self.min_hit_tokens else 0
 
     def lookup(self, tokens: list[int], limit: int | None = None) -> Past | None:
         """The state of the longest cached prefix of ``tokens`` (all but the last token
@@ -94,7 +102,7 @@ class PrefixCache:
         path = self._walk(tokens, max(cap, 0))
         self.stats.lookups += 1
         self.stats.looked_up_tokens += len(tokens)
-        if not path:
+        if not path or len(path) * self.block < self.min_hit_tokens:
             return None
         now = next(self._clock)
         for n in path:

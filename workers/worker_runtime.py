@@ -86,7 +86,7 @@ class LazyGenerationEngine:
 
     def _load(self) -> GenerationEngine:
         from workers.generation import GenerationEngine
-        from workers.prefix_cache import PrefixCache
+        from workers.prefix_cache import WORTH_TOKENS, PrefixCache
         from workers.runtime.chat import ChatModel
 
         st = self.settings
@@ -101,10 +101,13 @@ class LazyGenerationEngine:
         model = ChatModel(st.chat_model, path, context_length=m.context_length,
                           fault_oom_above_tokens=st.fault_oom_above_tokens,
                           precision=m.precision)
-        cache = PrefixCache(st.prefix_cache_mb << 20) if st.prefix_cache_mb > 0 else None
+        cache = (PrefixCache(st.prefix_cache_mb << 20, min_hit_tokens=WORTH_TOKENS)
+                 if st.prefix_cache_mb > 0 else None)
         return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
                                 max_rows=st.max_generation_rows * 2,
                                 max_prefill_tokens=st.max_prefill_tokens,
+                                batch_prefill_tokens=st.batch_prefill_tokens,
+                                realtime_quiet_s=st.realtime_quiet_s,
                                 on_step=metrics.step_recorder(st.chat_model),
                                 prefix_cache=cache)
 

@@ -50,6 +50,8 @@ def test_joining_and_leaving_sequences_match_solo_generation(tiny: ChatModel) ->
         assert s.usage.completion_tokens == n and s.reason == FinishReason.LENGTH
         assert s.text == tiny.decode(alone(tiny, p, n))
     assert engine.stats.prefills > 1 and engine.stats.max_rows == 3
+    # Later rows took over finished rows of the cache in place, and the tail compacted.
+    assert engine.stats.refills >= 2 and engine.stats.compactions >= 1
 
 
 def test_realtime_joins_a_full_batch_at_the_next_step(tiny: ChatModel) -> None:
@@ -195,12 +197,47 @@ def test_shared_prefixes_are_reused_and_change_nothing(tiny: ChatModel) -> None:
         assert s.error is None and s.text == tiny.decode(alone(tiny, p, n))
     assert again.text == sinks[0].text
     common = len(os.path.commonprefix(prompts)) // cache.block * cache.block
-    # the first two prefill together (nothing cached yet); the six that join later and
-    # the repeat each take at least the shared blocks from the cache
+    # the first two prefill together (two rows: a pass of its own for the second
+    # would save too little); the six that join later and the repeat each take at
+    # least the shared blocks from the cache
     assert common >= 32 and engine.stats.cached_tokens >= 7 * common
     assert cache.stats.hit_tokens == engine.stats.cached_tokens
     assert engine.stats.prefill_tokens + engine.stats.cached_tokens == \
         sum(len(p) for p in prompts) + len(prompts[0])
+
+
+def test_rows_admitted_together_compute_their_shared_prefix_once(tiny: ChatModel) -> None:
+    prompts = shared(tiny)
+    reqs = [GenRequest(prompt=p, max_new_tokens=6, temperature=0) for p in prompts]
+    groups: list[int] = []
+    before = tiny.prefill
+
+    def counted(ps, pasts=None):  # type: ignore[no-untyped-def]
+        groups.append(len(ps))
+        return before(ps, pasts)
+
+    cache = PrefixCache(8 << 20)
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8, prefix_cache=cache)
+    tiny.prefill = counted  # type: ignore[method-assign]
+    try:
+        with engine._cond:  # all eight are waiting when the engine first admits
+            sinks = [Collect() for _ in reqs]
+            for r, sk in zip(reqs, sinks, strict=True):
+                engine.submit(r, sk, 2)
+        for sk in sinks:
+            sk.result(timeout=60)
+        # Rows that share little are prefilled together, as one pass.
+        few = [tiny.prompt_ids(t) for t in ("a cat sat", "stocks fell", "rain again")]
+        alone_too = run(engine, [GenRequest(prompt=p, max_new_tokens=6, temperature=0)
+                                 for p in few])
+    finally:
+        engine.stop()
+        del tiny.prefill
+    common = len(os.path.commonprefix(prompts)) // cache.block * cache.block
+    assert groups == [1, 7, 3]  # the leader alone, then the seven that share its prefix
+    assert engine.stats.cached_tokens >= 7 * common
+    for p, sk in zip(prompts + few, sinks + alone_too, strict=True):
+        assert sk.error is None and sk.text == tiny.decode(alone(tiny, p, 6))
 
 
 def test_chunked_prefill_keeps_each_step_within_its_budget_and_changes_nothing(
@@ -325,3 +362,61 @@ def test_realtime_prefills_alone_but_never_stall_the_decodes(tiny: ChatModel) ->
     texts = ["batch one", "batch two", "urgent one", "urgent two", "urgent three"]
     for t, s in zip(texts, sinks, strict=True):
         assert s.error is None and s.text == tiny.decode(alone(tiny, tiny.prompt_ids(t), 8))
+
+
+def test_the_small_prefill_budget_holds_while_realtime_streams_are_about(
+        tiny: ChatModel) -> None:
+    """Driven step by step on a fake clock: without realtime rows a step may compute
+    the batch budget; a realtime submission brings the small one for the quiet time."""
+    now = [1000.0]
+    engine = GenerationEngine(tiny, max_batch_rows=8, max_rows=8, max_prefill_tokens=12,
+                              batch_prefill_tokens=400, realtime_quiet_s=30,
+                              clock=lambda: now[0])
+    engine.stop()
+    computed: list[int] = []
+    prefill = tiny.prefill
+
+    def counted(ps, pasts=None):  # type: ignore[no-untyped-def]
+        computed.append(sum(len(p) - (0 if q is None else q.length)
+                            for p, q in zip(ps, pasts or [None] * len(ps), strict=True)))
+        return prefill(ps, pasts)
+
+    def step() -> int:
+        computed.clear()
+        with engine._cond:
+            admitted = engine._admit()
+        engine.step(admitted)
+        return sum(computed)
+
+    def request(text: str) -> GenRequest:
+        return GenRequest(prompt=tiny.prompt_ids(text), max_new_tokens=4, temperature=0)
+
+    texts = [f"the {n} batch row of this test and its many words" for n in
+             ("first", "second", "third")] + ["urgent"] + [
+             f"the {n} batch row of this test and its many words" for n in
+             ("fourth", "fifth", "sixth", "seventh")]
+    sinks = [Collect() for _ in texts]
+    tiny.prefill = counted  # type: ignore[method-assign]
+    try:
+        assert engine.prefill_budget() == 400
+        for t, s in zip(texts[:3], sinks[:3], strict=True):
+            engine.submit(request(t), s, 2)
+        assert step() == sum(len(tiny.prompt_ids(t)) for t in texts[:3]) > 12
+        engine.submit(request(texts[3]), sinks[3], 0)
+        assert engine.prefill_budget() == 12
+        step()  # the realtime row, alone
+        now[0] += 29
+        for t, s in zip(texts[4:6], sinks[4:6], strict=True):
+            engine.submit(request(t), s, 2)
+        assert 0 < step() <= 12  # within the quiet time: the small budget, in chunks
+        now[0] += 2
+        assert engine.prefill_budget() == 400
+        for t, s in zip(texts[6:], sinks[6:], strict=True):
+            engine.submit(request(t), s, 2)
+        assert step() > 12  # the quiet time is over
+        while not all(s.event.is_set() for s in sinks):
+            step()
+    finally:
+        del tiny.prefill
+    for t, s in zip(texts, sinks, strict=True):
+        assert s.error is None and s.text == tiny.decode(alone(tiny, tiny.prompt_ids(t), 4))

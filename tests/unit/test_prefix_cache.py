@@ -74,3 +74,15 @@ def test_an_inserted_path_is_never_evicted_to_make_room_for_its_own_blocks() -> 
     long = list(range(1, 17))  # four blocks, room for two
     c.insert(long, state(long), 0)
     assert c.stats.blocks == 2 and c.cached(long + [0]) == 8
+
+
+def test_a_match_shorter_than_the_minimum_is_computed_again() -> None:
+    c = PrefixCache(1 << 20, block=4, min_hit_tokens=8)
+    prompt = list(range(1, 14))  # three full blocks
+    c.insert(prompt, state(prompt), 0)
+    assert c.cached([1, 2, 3, 4, 99, 98]) == 0  # one block matches: below the minimum
+    assert c.lookup([1, 2, 3, 4, 99, 98]) is None
+    assert c.cached(prompt + [7]) == 12
+    hit = c.lookup([1, 2, 3, 4, 5, 6, 7, 8, 99])
+    assert hit is not None and hit.length == 8
+    assert c.stats.hit_tokens == 8

@@ -62,6 +62,32 @@ class KV:
         return KV([(pad(k), pad(v)) for k, v in self.layers],
                   torch.cat([self.mask.new_zeros((self.rows, extra)), self.mask], dim=1))
 
+    @torch.inference_mode()
+    def place(self, rows: list[int], new: KV) -> None:
+        """Overwrite ``rows`` with ``new``'s rows in place, right-aligned: what was in
+        them before is masked out. Columns of ``new`` beyond this cache's width must be
+        padding in every row (``span``)."""
+        w = min(new.width, self.width)
+        if new.width > w and bool(new.mask[:, : new.width - w].any()):
+            raise ValueError("rows wider than the cache they are placed in")
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        for (k, v), (nk, nv) in zip(self.layers, new.layers, strict=True):
+            k[idx, :, self.width - w:] = nk[:, :, new.width - w:]
+            v[idx, :, self.width - w:] = nv[:, :, new.width - w:]
+        self.mask[idx] = 0
+        self.mask[idx, self.width - w:] = new.mask[:, new.width - w:]
+
+    def spans(self) -> list[int]:
+        """Per row, the columns from its first unmasked one to the end."""
+        live = self.mask.bool()
+        first = torch.where(live.any(1), live.int().argmax(1), self.width)
+        return [self.width - int(f) for f in first]
+
+    @torch.inference_mode()
+    def clear(self, rows: list[int]) -> None:
+        """Mask ``rows`` out entirely, in place."""
+        self.mask[torch.tensor(rows, dtype=torch.long, device=self.mask.device)] = 0
+
     @staticmethod
     def concat(a: KV | None, b: KV) -> KV:
         if a is None or a.rows == 0:
