@@ -45,6 +45,7 @@ from typing import Any
 
 from bench.common import free_port, report, spread
 from bench.workload import texts, write_embeddings_jsonl
+from cli.supervisor import Child
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Supervisor:
     def __init__(self, stack: Any, size: int) -> None:
         self.stack, self.size = stack, size
         self.n = 0
-        self.live: dict[str, subprocess.Popen[bytes]] = {}
+        self.live: dict[str, Child] = {}
         self.spawned: dict[str, float] = {}  # name -> wall-clock start
         self.ended: dict[str, float] = {}
         self.lock = threading.Lock()
@@ -79,7 +80,7 @@ class Supervisor:
                 self.spawned[name] = time.time()
                 self.live[name] = self.stack.start_model_worker(name, "batch")
 
-    def take(self, rng: random.Random) -> subprocess.Popen[bytes]:
+    def take(self, rng: random.Random) -> Child:
         with self.lock:
             name = rng.choice(sorted(self.live))
             self.stack.procs.pop(f"worker-{name}", None)
@@ -106,7 +107,7 @@ class Supervisor:
         return [self.ended.get(n, until) - t0 for n, t0 in self.spawned.items() if t0 >= since]
 
 
-def kill_group(p: subprocess.Popen[bytes]) -> None:
+def kill_group(p: Child) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:

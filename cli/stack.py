@@ -9,6 +9,9 @@ process sees the same Settings.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.process
 import os
 import secrets
 import signal
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
+from cli.supervisor import Child
 from jobs.dispatch import lane_queues
 from jobs.settings import Settings
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -128,6 +132,50 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+class ForkedChild:
+    """A model worker forked from the stack's fork server (``workers.forked``), with
+    the part of ``subprocess.Popen``'s interface that the stack and its supervisor use.
+    Like a child started with ``start_new_session``, it leads its own process group."""
+
+    def __init__(self, proc: multiprocessing.process.BaseProcess, args: list[str]) -> None:
+        self._proc, self.args = proc, args
+        deadline = time.monotonic() + 5  # its group exists once it has called setsid
+        while proc.exitcode is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(self.pid) == self.pid:
+                    break
+            time.sleep(0.005)
+
+    @property
+    def pid(self) -> int:
+        assert self._proc.pid is not None
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self._proc.exitcode
+
+
+def _fork_server() -> multiprocessing.context.ForkServerContext:
+    """The fork server model workers are forked from; started by the first fork, with
+    torch and the other heavy libraries imported once (``workers.warm``)."""
+    from workers import forked
+
+    ctx = multiprocessing.get_context("forkserver")
+    assert isinstance(ctx, multiprocessing.context.ForkServerContext)
+    ctx.set_forkserver_preload([forked.PRELOAD])
+    return ctx
+
+
 class Stack:
     def __init__(self, settings: Settings, port: int | None = None,
                  extra_env: dict[str, str] | None = None, log_dir: Path | None = None,
@@ -142,8 +190,9 @@ class Stack:
         self.log_dir = log_dir or settings.data_dir / "logs"
         self.model_workers = model_workers
         self.backends: list[Any] = []
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}  # to start again
+        self.procs: dict[str, Child] = {}
+        # To start a child again: its command, environment, and whether it is forked.
+        self.commands: dict[str, tuple[list[str], dict[str, str], bool]] = {}
         self.api_key = ""
         self.admin_key = ""
         self.stop_signals = stop_signals or StopSignals()  # not installed: never raises
@@ -185,23 +234,36 @@ class Stack:
         env.update(extra)
         return env
 
-    def spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, cmd: list[str], forked: bool = False, **env: str) -> Child:
         """Start child ``name`` in a process group of its own, its output appended to
-        its log (``log_path``); ``respawn`` starts it again the same way."""
+        its log (``log_path``); ``respawn`` starts it again the same way. ``forked``
+        (a model worker's Celery command, when ``fork_workers`` is on): forked from
+        the fork server instead of a new interpreter, which skips importing torch."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path(name).open("ab") as log, self.stop_signals.held():
-            proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                    start_new_session=True)
+        with self.stop_signals.held():
+            proc: Child
+            if forked and self.settings.fork_workers:
+                from workers import forked as forked_worker
+
+                child = _fork_server().Process(
+                    target=forked_worker.run_celery, name=name,
+                    args=(cmd, self.env(**env), str(self.log_path(name)), str(ROOT)))
+                child.start()
+                proc = ForkedChild(child, cmd)
+            else:
+                with self.log_path(name).open("ab") as log:
+                    proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            cwd=ROOT, start_new_session=True)
             self.procs[name] = proc
-            self.commands[name] = (cmd, env)
+            self.commands[name] = (cmd, env, forked)
         return proc
 
-    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+    def respawn(self, name: str) -> Child:
         """Start child ``name`` again, as it was first started (``inferq up``'s
         supervisor calls it when the child exited)."""
-        cmd, env = self.commands[name]
-        return self.spawn(name, cmd, **env)
+        cmd, env, forked = self.commands[name]
+        return self.spawn(name, cmd, forked, **env)
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -261,9 +323,9 @@ class Stack:
                              f"({p.returncode}); see {path}")
 
     def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex",
-                           **env: str) -> subprocess.Popen[bytes]:
-        return self.spawn(f"worker-{name}", worker_command(lanes, name), INFERQ_LANES=lanes,
-                          **env)
+                           **env: str) -> Child:
+        return self.spawn(f"worker-{name}", worker_command(lanes, name), True,
+                          INFERQ_LANES=lanes, **env)
 
     def dev_key(self) -> str:
         """The project key of the data dir's ``default`` project (made once)."""

@@ -10,12 +10,27 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
+
+
+class Child(Protocol):
+    """What the stack and its supervisor use of a child process: ``subprocess.Popen``,
+    or a model worker forked from the fork server (``cli.stack.ForkedChild``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def describe_exit(returncode: int) -> str:
@@ -77,7 +92,7 @@ class ChildCrashLoop(Exception):
 
 @dataclass
 class _Child:
-    proc: subprocess.Popen[bytes] | None
+    proc: Child | None
     started_at: float
     record: ChildRecord = field(default_factory=ChildRecord)
     restart_at: float | None = None  # waiting for its backoff to pass
@@ -90,8 +105,8 @@ class Supervisor:
     where its output goes; ``say`` tells the user what happened. Call ``poll``
     every fraction of a second; it raises :class:`ChildCrashLoop` to stop the stack."""
 
-    def __init__(self, procs: dict[str, subprocess.Popen[bytes]],
-                 spawn: Callable[[str], subprocess.Popen[bytes]],
+    def __init__(self, procs: dict[str, Child],
+                 spawn: Callable[[str], Child],
                  log_of: Callable[[str], Path], say: Callable[[str], None],
                  policy: RestartPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -114,7 +129,9 @@ class Supervisor:
     def _exited(self, name: str, child: _Child, now: float) -> None:
         assert child.proc is not None
         kill_group(child.proc.pid)  # what it started (a pool child, gunicorn's workers)
-        child.last_exit = describe_exit(child.proc.returncode)
+        code = child.proc.poll()
+        assert code is not None
+        child.last_exit = describe_exit(code)
         child.proc = None
         wait = child.record.exited(self.policy, child.started_at, now)
         if wait is None:

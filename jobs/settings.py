@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     max_batch_rows: int = 128
     embedding_model: str = "all-MiniLM-L6-v2"
     chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
+    # A stack's model workers are forked from a process that has imported torch and the
+    # other libraries once (workers.forked): a worker (re)starts without those imports.
+    fork_workers: bool = True
     preload_chat_model: bool = False  # load at start instead of on the first chat request
     max_generation_rows: int = 32  # sequences per decode step for non-realtime work
     # Prompt tokens a generation step computes at most (cached ones are free); a prompt
