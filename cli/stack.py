@@ -65,6 +65,10 @@ def api_command(host: str, port: int, threads: int = 64, keepalive_s: int = 75) 
     return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}", "-k", "gthread",
             "--threads", str(threads), "-w", "1", "--graceful-timeout", "10",
             "--keep-alive", str(keepalive_s),
+            # No limits of gunicorn's own (it answers them in HTML): the app refuses an
+            # oversized request line or header in the OpenAI error shape (api.errors).
+            "--limit-request-line", "0", "--limit-request-field_size", "0",
+            "--limit-request-fields", "32768",
             "--access-logfile", "-", "--log-level", "warning", "api.wsgi:app"]
 
 
