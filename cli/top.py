@@ -10,6 +10,8 @@ prints one frame and exits. A failure is one line and exit status 1; Ctrl-C exit
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -27,6 +29,7 @@ from jobs.settings import Settings
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
 BREAKER_STYLE = {"closed": "green", "half_open": "yellow", "open": "bold red"}
 WINDOW_S = 3600
+PIPE_WIDTH = 160  # --once into a pipe: the whole frame, not 80 columns of it
 
 
 def seconds(v: float | None) -> str:
@@ -199,7 +202,10 @@ def top(api_url: str | None, api_key: str | None, org: bool, admin_key: str | No
     try:
         first = src.read()
         if once:
-            Console().print(frame(first, url))
+            # Into a pipe or a file: as wide as the frame needs (rich would cut it to
+            # 80 columns), unless COLUMNS says otherwise.
+            piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+            Console(width=PIPE_WIDTH if piped else None).print(frame(first, url))
             return
         _live(src, first, interval)
     except openai.AuthenticationError as e:

@@ -54,8 +54,11 @@ class Api:
                    TERM="xterm-256color")
         return env
 
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], env=self.env(), capture_output=True, text=True,
+    def run(self, *args: str, columns: bool = True) -> subprocess.CompletedProcess[str]:
+        env = self.env()
+        if not columns:  # a pipe with no COLUMNS: what `inferq top --once | less` gets
+            env.pop("COLUMNS")
+        return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
                               timeout=120)
 
     def commit_chunk(self, chunk: int, ok: int) -> None:
@@ -104,7 +107,7 @@ def api(own_settings: Settings, tmp_path: Path) -> Iterator[Api]:
 
 
 def test_once_prints_one_frame(api: Api) -> None:
-    p = api.run("--once", "--api-url", api.url, "--api-key", api.key)
+    p = api.run("--once", "--api-url", api.url, "--api-key", api.key, columns=False)
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     for title in ("Lanes", "Latency (p50 / p99)", "Workers", "Running batches"):
@@ -116,6 +119,9 @@ def test_once_prints_one_frame(api: Api) -> None:
     assert "w-top@host" in out
     row = next(line for line in out.splitlines() if api.batch_id in line)
     assert "in_progress" in row and "50/250" in row, row
+    # into a pipe, every column is there, not the first 80 characters' worth
+    header = next(line for line in out.splitlines() if "BATCH" in line and "STATUS" in line)
+    assert all(c in header for c in ("PROGRESS", "DONE", "RATE", "ETA")), header
     assert "project proj_" in out
 
 
