@@ -241,22 +241,28 @@ class Stack:
     def spawn(self, name: str, cmd: list[str], forked: bool = False, **env: str) -> Child:
         """Start child ``name`` in a process group of its own, its output appended to
         its log (``log_path``); ``respawn`` starts it again the same way. ``forked``
-        (a model worker's Celery command, when ``fork_workers`` is on): forked from
-        the fork server instead of a new interpreter, which skips importing torch."""
+        (a model worker's Celery command, when ``fork_workers`` is on and the
+        accelerator is not the simulated one): forked from the fork server instead of a
+        new interpreter, which skips importing torch. As with any multiprocessing
+        program, a script that starts a stack needs an ``if __name__ == "__main__"``
+        guard: a forked child imports the main module again."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with self.stop_signals.held():
             proc: Child
-            if forked and self.settings.fork_workers:
+            child_env = self.env(**env)
+            # The simulated accelerator runs without torch: nothing to preload.
+            if (forked and self.settings.fork_workers
+                    and child_env.get("INFERQ_ACCELERATOR") != "simulated"):
                 from workers import forked as forked_worker
 
                 child = _fork_server().Process(
                     target=forked_worker.run_celery, name=name,
-                    args=(cmd, self.env(**env), str(self.log_path(name)), str(ROOT)))
+                    args=(cmd, child_env, str(self.log_path(name)), str(ROOT)))
                 child.start()
                 proc = ForkedChild(child, cmd)
             else:
                 with self.log_path(name).open("ab") as log:
-                    proc = subprocess.Popen(cmd, env=self.env(**env), stdout=log,
+                    proc = subprocess.Popen(cmd, env=child_env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             cwd=ROOT, start_new_session=True)
             self.procs[name] = proc

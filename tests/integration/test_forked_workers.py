@@ -58,3 +58,10 @@ def test_without_the_fork_server_a_worker_is_a_new_interpreter(tmp_path: Path) -
     assert isinstance(p, subprocess.Popen) and p.wait(60) == 0
     got = report(st, "worker-probe")
     assert got["preloaded"] is False and got["probe"] == "no" and got["leads_group"]
+
+
+def test_a_simulated_accelerator_worker_is_not_forked(tmp_path: Path) -> None:
+    st = stack(tmp_path)  # the fork server preloads torch, which it runs without
+    p = st.spawn("worker-probe", [*PROBE, "once"], True, INFERQ_ACCELERATOR="simulated")
+    assert isinstance(p, subprocess.Popen) and p.wait(60) == 0
+    assert report(st, "worker-probe")["preloaded"] is False
