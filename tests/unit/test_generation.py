@@ -316,6 +316,13 @@ def test_a_step_that_prefills_realtime_rows_prefills_nothing_else(tiny: ChatMode
     assert rt.text == tiny.decode(alone(tiny, tiny.prompt_ids("urgent"), 4))
 
 
+def step_once(engine: GenerationEngine) -> None:
+    """One engine step, driven from the test (the engine's thread stopped)."""
+    with engine._cond:
+        admitted = engine._admit()
+    engine.step(admitted)
+
+
 def test_realtime_prefills_alone_but_never_stall_the_decodes(tiny: ChatModel) -> None:
     """Driven step by step (the engine's thread stopped): a step that prefills a
     realtime row does not decode the running rows, but the next one always does, so
@@ -335,9 +342,7 @@ def test_realtime_prefills_alone_but_never_stall_the_decodes(tiny: ChatModel) ->
 
     def step() -> list[tuple[str, int]]:
         events.clear()
-        with engine._cond:
-            admitted = engine._admit()
-        engine.step(admitted)
+        step_once(engine)
         return list(events)
 
     def request(text: str) -> GenRequest:
@@ -383,9 +388,7 @@ def test_the_small_prefill_budget_holds_while_realtime_streams_are_about(
 
     def step() -> int:
         computed.clear()
-        with engine._cond:
-            admitted = engine._admit()
-        engine.step(admitted)
+        step_once(engine)
         return sum(computed)
 
     def request(text: str) -> GenRequest:
