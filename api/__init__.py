@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         dashboard,
         errors,
         files,
+        fleet,
         health,
         inference,
         jobs,
@@ -65,7 +66,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     v1 = (files, batches, inference, jobs, models, webhooks)
     authenticated = {mod.bp.name for mod in v1}
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
-    organization = (admin, usage)
+    organization = (admin, usage, fleet)
     administered = {mod.bp.name for mod in organization}
     # The dashboard: a project key (its own batches) or an admin key (every project's).
     viewed = {dashboard.bp.name}

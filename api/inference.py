@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -11,9 +12,9 @@ from flask import Blueprint, Response, g, stream_with_context
 from api import admit, context
 from api.errors import error_body
 from api.schemas import json_body
-from jobs import admission, catalog, limits
+from jobs import admission, catalog, limits, placement, rollout, shadow
 from jobs.errors import InferqError
-from jobs.realtime import RealtimeClient, TokenStream, error_from_event
+from jobs.realtime import ON_DEMAND, RealtimeClient, TokenStream, error_from_event
 from jobs.requests import (
     CHAT,
     COMPLETIONS,
@@ -38,10 +39,13 @@ def embeddings() -> Response:
     except Exception:
         limits.settle(ctx, grant, 0)
         raise
-    client = RealtimeClient(ctx.redis, tenant_id=g.tenant_id, api_key_id=g.api_key_id)
+    route = rollout.route(ctx, req.model)  # a canary takes its share
+    client = RealtimeClient(ctx.redis, tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+                            version=route.version, place=placer(ctx))
+    sent = req.model_dump(exclude_none=True)
+    t0 = time.perf_counter()
     try:
-        body = client.call("embeddings", req.model_dump(exclude_none=True),
-                           ctx.settings.realtime_timeout_s)
+        body = client.call("embeddings", sent, ctx.settings.realtime_timeout_s)
     except Exception:
         limits.settle(ctx, grant, 0)  # not answered: its tokens are given back
         raise
@@ -49,7 +53,26 @@ def embeddings() -> Response:
         ticket.release()
     if (real := limits.body_usage_tokens(body)) is not None:
         limits.settle(ctx, grant, real)
-    return Response(body, mimetype="application/json")
+    if route.shadows and route.version:
+        shadow.record(ctx.redis, req.model, route.version, "primary", time.perf_counter() - t0)
+        shadow.mirror_embeddings(ctx, sent, body, route.shadows)
+    return Response(body, mimetype="application/json", headers=version_header(route.version))
+
+
+VERSION_HEADER = "inferq-model-version"
+
+
+def version_header(version: str | None) -> dict[str, str]:
+    """The version of the model that answered (a canary's, or the default's)."""
+    return {VERSION_HEADER: version} if version else {}
+
+
+def placer(ctx: Any) -> Any:
+    """How the realtime lane places a version no live worker holds (jobs.placement), or
+    the on-demand marker (INFERQ_PLACEMENT=on_demand)."""
+    if ctx.settings.placement == "on_demand":
+        return ON_DEMAND
+    return lambda ref: placement.ensure(ctx, ref, "realtime")
 
 
 @bp.post("/chat/completions")
@@ -76,9 +99,19 @@ def _generate(endpoint: str) -> Any:
         limits.settle(ctx, grant, 0)
         limits.release_stream(ctx, grant)
         raise
+    route = rollout.route(ctx, req.model)  # a canary takes its share
+    t0 = time.perf_counter()
     stream = TokenStream(ctx.redis, endpoint, body,
                          first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s,
-                         tenant_id=g.tenant_id, api_key_id=g.api_key_id)
+                         tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+                         version=route.version, place=placer(ctx))
+
+    def answered(text: str) -> None:  # mirrored once the client's answer is complete
+        if route.shadows and route.version:
+            shadow.record(ctx.redis, req.model, route.version, "primary",
+                          time.perf_counter() - t0)
+            shadow.mirror_generation(ctx, endpoint, body, text, route.shadows)
+
     try:
         stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
     except Exception:
@@ -87,9 +120,11 @@ def _generate(endpoint: str) -> Any:
         ticket.release()
         raise
     if req.stream:
-        resp = Response(stream_with_context(_sse(stream, req, endpoint == CHAT, grant)),
+        resp = Response(stream_with_context(_sse(stream, req, endpoint == CHAT, grant,
+                                                 answered)),
                         mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                 **version_header(route.version)})
         resp.call_on_close(lambda: limits.release_stream(ctx, grant))  # also if never read
         resp.call_on_close(ticket.release)  # out of the admission count once it ended
         return resp
@@ -109,17 +144,20 @@ def _generate(endpoint: str) -> Any:
         ticket.release()
     assert done is not None
     limits.settle(ctx, grant, done["prompt_tokens"] + done["completion_tokens"])
+    answered("".join(parts))
     build = chat_completion if endpoint == CHAT else text_completion
     return build(req.model, "".join(parts), done["finish_reason"], done["prompt_tokens"],
-                 done["completion_tokens"])
+                 done["completion_tokens"]), 200, version_header(route.version)
 
 
 def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
-         grant: limits.Grant) -> Iterator[bytes]:
+         grant: limits.Grant, answered: Callable[[str], None]) -> Iterator[bytes]:
     """Headers are out: from here on every failure is an error event, then [DONE]. The
-    stream's slot is renewed while it runs and given back when it ends, however."""
+    stream's slot is renewed while it runs and given back when it ends, however.
+    ``answered`` gets the whole text once the stream is done."""
     ctx = context()
     w = ChunkWriter(req.model, chat)
+    parts: list[str] = []
     try:
         if (first := w.first()) is not None:
             yield _event(first)
@@ -128,9 +166,11 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
             if ev is None:
                 yield b": keep-alive\n\n"
             elif ev["t"] == StreamEvent.DELTA:
+                parts.append(ev["text"])
                 yield _event(w.delta(ev["text"]))
             elif ev["t"] == StreamEvent.DONE:
                 limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
+                answered("".join(parts))
                 yield _event(w.finish(ev["finish_reason"]))
                 if req.include_usage():
                     yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))

@@ -1,4 +1,5 @@
-"""/v1/models: the default version of each registered model."""
+"""/v1/models: the default version of each registered model, and where each of its
+versions is resident."""
 
 from __future__ import annotations
 
@@ -7,30 +8,46 @@ from typing import Any
 from flask import Blueprint
 
 from api import context
-from jobs import registry, service
+from jobs import placement, registry, service
 from jobs.errors import NotFound
 from jobs.models import Model
 
 bp = Blueprint("models", __name__)
 
 
-def model_object(m: Model) -> dict[str, Any]:
-    """The OpenAI model object; version, kind, precision and context_length are
-    extensions."""
+def model_object(m: Model, versions: list[Model], where: dict[str, list[str]]
+                 ) -> dict[str, Any]:
+    """The OpenAI model object; version, kind, precision, context_length, resident_on
+    (the live workers holding the default version) and versions (each with its
+    traffic share and where it is resident) are extensions."""
+    canary = sum(v.traffic_weight for v in versions if not v.is_default)
     return {"id": m.name, "object": "model", "created": m.created_at, "owned_by": m.owned_by,
             "version": m.version, "kind": m.kind, "precision": m.precision,
-            "context_length": m.context_length}
+            "context_length": m.context_length,
+            "resident_on": where.get(registry.ref(m.name, m.version), []),
+            "versions": [{"version": v.version, "precision": v.precision,
+                          "traffic_weight": round(max(0.0, 1.0 - canary), 6) if v.is_default
+                          else v.traffic_weight,
+                          "resident_on": where.get(registry.ref(v.name, v.version), [])}
+                         for v in versions]}
 
 
 @bp.get("/models")
 def list_() -> Any:
-    return {"object": "list", "data": [model_object(m) for m in service.list_models(context())]}
+    ctx = context()
+    where = placement.where(ctx.redis)
+    by_name: dict[str, list[Model]] = {}
+    for v in registry.all_versions(ctx):
+        by_name.setdefault(v.name, []).append(v)
+    return {"object": "list", "data": [model_object(m, by_name.get(m.name, [m]), where)
+                                       for m in service.list_models(ctx)]}
 
 
 @bp.get("/models/<path:model_id>")
 def retrieve(model_id: str) -> Any:
-    m = registry.get_default(context(), model_id)
+    ctx = context()
+    m = registry.get_default(ctx, model_id)
     if m is None:
         raise NotFound(f"The model '{model_id}' does not exist", param="model",
                        code="model_not_found")
-    return model_object(m)
+    return model_object(m, registry.versions(ctx, model_id), placement.where(ctx.redis))

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from werkzeug.routing import Rule
 
-from api import admin
+from api import admin, fleet
 from api import schemas as s
 from jobs import partial, tenants, usage
 from jobs.asyncjobs import JobCreate
@@ -38,7 +38,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "webhooks.test": TestSend, "webhooks.rotate_callback_secret": RotateSecret,
     "admin.create_project": admin.ProjectCreate, "admin.update_project": admin.ProjectUpdate,
     "admin.create_service_account": admin.ServiceAccountCreate,
-    "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate}
+    "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate,
+    "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody}
 # Bodies that may be left out entirely (every field optional).
 OPTIONAL_BODIES = {"webhooks.update", "webhooks.rotate_secret", "webhooks.rotate_callback_secret",
                    "admin.update_project", "admin.create_key"}
@@ -75,7 +76,9 @@ OK: dict[str, type[BaseModel]] = {
     "admin.update_rate_limit": s.RateLimit,
     "usage.completions": s.UsagePage[s.CompletionsUsage],
     "usage.embeddings": s.UsagePage[s.EmbeddingsUsage],
-    "usage.costs": s.UsagePage[s.CostsResult]}
+    "usage.costs": s.UsagePage[s.CostsResult],
+    "fleet.list_": s.RolloutList, "fleet.get": s.Rollout, "fleet.step": s.Rollout,
+    "fleet.pool": s.Rollout}
 TEXT = {"type": "string"}
 # One Server-Sent Event (an event stream's schema describes each of its events).
 SSE = {"type": "object", "required": ["data"], "properties": {
@@ -94,10 +97,13 @@ MEDIA: dict[str, dict[str, Any]] = {
 STREAMS = {"inference.chat_completions", "inference.completions"}  # stream: true → SSE
 HEADERS = {  # the 200 answer's headers
     "batches.output": ("inferq-next-cursor", "inferq-batch-status", "inferq-chunks",
-                       "inferq-complete")}
+                       "inferq-complete"),
+    **{v: ("inferq-model-version",) for v in ("inference.embeddings",
+                                              "inference.chat_completions",
+                                              "inference.completions")}}
 
 AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "webhooks"}
-ADMINISTERED = {"admin", "usage"}
+ADMINISTERED = {"admin", "usage", "fleet"}
 NO_BACKEND = {"openapi.openapi", "openapi.docs"}  # everything else may answer 503
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {

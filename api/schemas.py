@@ -118,7 +118,8 @@ def batch_object(b: Batch, sums: ShardSums) -> dict[str, Any]:
         "cancelling_at": b.cancelling_at, "cancelled_at": b.cancelled_at,
         "request_counts": {"total": b.total, "completed": completed,
                            "failed": failed + b.invalid},
-        "metadata": b.metadata_, "model": b.model, "service_tier": b.service_tier,
+        "metadata": b.metadata_, "model": b.model, "model_version": b.model_version,
+        "service_tier": b.service_tier,
         "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens": output_tokens,
                   "output_tokens_details": {"reasoning_tokens": 0},
@@ -242,6 +243,7 @@ class BatchObject(Out):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     model: str | None
+    model_version: str | None  # the version pinned when the batch was validated
     service_tier: str
     usage: BatchUsage
 
@@ -260,6 +262,13 @@ class JobObject(Out):
     attempts: int
 
 
+class VersionResidency(Out):
+    version: str
+    precision: str
+    traffic_weight: float
+    resident_on: list[str]
+
+
 class ModelObject(Out):
     id: str
     object: Literal["model"]
@@ -269,6 +278,43 @@ class ModelObject(Out):
     kind: str
     precision: str
     context_length: int | None
+    resident_on: list[str]
+    versions: list[VersionResidency]
+
+
+class RolloutVersion(Out):
+    version: str
+    default: bool
+    precision: str
+    traffic_weight: float
+    shadow_share: float
+    min_resident: int
+    idle_unload_s: int | None
+    resident_on: list[str]
+    loads: dict[str, int]
+
+
+class ShadowRow(Out):
+    version: str
+    primary: int
+    shadow: int
+    errors: int
+    compared: int
+    agreement: float | None
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+class Rollout(Out):
+    object: Literal["model.rollout"]
+    name: str
+    versions: list[RolloutVersion]
+    shadow: list[ShadowRow]
+
+
+class RolloutList(Out):
+    object: Literal["list"]
+    data: list[Rollout]
 
 
 class ModelList(Out):

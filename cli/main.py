@@ -240,24 +240,128 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
 
 @models.command("list")
 def models_list() -> None:
-    """List registered model versions (* marks the default of each name)."""
-    from jobs import registry
+    """List registered model versions (* marks the default of each name), their traffic
+    share and the live workers holding each."""
+    from jobs import placement, registry
     from jobs.context import Context
 
-    ctx = Context(_backends(DATABASE))
+    st = _backends(DATABASE)  # residency when Redis is known too
+    ctx = Context(st)
     try:
         rows = registry.all_versions(ctx)
+        where = _quietly(lambda: placement.where(ctx.redis), {}) if st.redis_url else {}
+        loads = _quietly(lambda: placement.load_counts(ctx.redis), {}) if st.redis_url else {}
     finally:
         ctx.close()
     if not rows:
         click.echo("no models registered (run: inferq models import)")
         return
+    canary = {n: sum(m.traffic_weight for m in rows if m.name == n and not m.is_default)
+              for n in {m.name for m in rows}}
     click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'PRECISION':<9} {'CONTEXT':>7} "
-               f"{'SIZE':>10}  SOURCE")
+               f"{'SIZE':>10} {'TRAFFIC':>7} {'LOADS':>5}  RESIDENT ON")
     for m in rows:
+        ref = registry.ref(m.name, m.version)
+        share = max(0.0, 1 - canary[m.name]) if m.is_default else m.traffic_weight
+        traffic = f"{share:.0%}" + (f"+{m.shadow_share:.0%}s" if m.shadow_share else "")
         click.echo(f"{'*' if m.is_default else ' '} {m.name:<28} {m.version:<8} {m.kind:<11} "
                    f"{m.precision:<9} {m.context_length:>7} "
-                   f"{registry.total_bytes(m) / 1e6:>8.1f}MB  {m.source}")
+                   f"{registry.total_bytes(m) / 1e6:>8.1f}MB {traffic:>7} "
+                   f"{sum(loads.get(ref, {}).values()):>5}  "
+                   f"{', '.join(where.get(ref, [])) or '-'}")
+
+
+def _quietly(read: Any, default: Any) -> Any:
+    """What Redis says (the fleet's residency), or ``default`` when it cannot be asked."""
+    import redis
+
+    try:
+        return read()
+    except redis.RedisError:
+        return default
+
+
+@models.command("rollout")
+@click.argument("name")
+@click.option("--version", "version", help="the version the step is for")
+@click.option("--weight", type=click.FloatRange(0, 100),
+              help="percent of NAME's realtime requests and jobs VERSION takes (a canary)")
+@click.option("--shadow", type=click.FloatRange(0, 100),
+              help="percent of the default version's realtime requests mirrored to VERSION")
+@click.option("--promote", is_flag=True, help="VERSION becomes the default, taking all traffic")
+@click.option("--rollback", is_flag=True,
+              help="stop new traffic to VERSION (every canary and shadow of NAME without one)")
+def models_rollout(name: str, version: str | None, weight: float | None,
+                   shadow: float | None, promote: bool, rollback: bool) -> None:
+    """Roll a version of NAME out: a canary weight, a shadow share, promote or roll back.
+    Without a step, shows the rollout: traffic, residency and the shadow report."""
+    from jobs import rollout
+    from jobs.context import Context
+    from jobs.errors import InferqError
+
+    ctx = Context(_backends(DATABASE, REDIS))
+    try:
+        if weight is None and shadow is None and not promote and not rollback:
+            got = rollout.status(ctx, name)
+        else:
+            got = rollout.change(ctx, name, version,
+                                 None if weight is None else weight / 100,
+                                 None if shadow is None else shadow / 100,
+                                 promote=promote, rollback=rollback)
+    except InferqError as e:
+        raise click.ClickException(e.message) from None
+    finally:
+        ctx.close()
+    _show_rollout(got)
+
+
+@models.command("pool")
+@click.argument("name")
+@click.argument("version")
+@click.option("--min", "min_resident", type=click.IntRange(0), help="copies kept resident")
+@click.option("--idle-unload", "idle_unload_s", type=click.IntRange(1),
+              help="seconds unused after which an extra copy is unloaded")
+@click.option("--keep", is_flag=True, help="never unload extra copies for idleness")
+def models_pool(name: str, version: str, min_resident: int | None,
+                idle_unload_s: int | None, keep: bool) -> None:
+    """The warm pool of NAME's VERSION: copies kept resident on live workers (also
+    after restarts and scale-in) and when extra copies are unloaded."""
+    from jobs import rollout
+    from jobs.context import Context
+    from jobs.errors import InferqError
+
+    if keep and idle_unload_s is not None:
+        raise click.UsageError("--keep and --idle-unload exclude each other")
+    if min_resident is None and idle_unload_s is None and not keep:
+        raise click.UsageError("give --min, --idle-unload or --keep")
+    ctx = Context(_backends(DATABASE, REDIS))
+    try:
+        got = rollout.set_pool(ctx, name, version, min_resident, idle_unload_s, keep)
+    except InferqError as e:
+        raise click.ClickException(e.message) from None
+    finally:
+        ctx.close()
+    _show_rollout(got)
+
+
+def _show_rollout(got: dict[str, Any]) -> None:
+    click.echo(f"{got['name']}:")
+    click.echo(f"  {'VERSION':<10} {'TRAFFIC':>7} {'SHADOW':>6} {'POOL':>4} {'IDLE':>6}  "
+               "RESIDENT ON")
+    for v in got["versions"]:
+        idle = f"{v['idle_unload_s']}s" if v["idle_unload_s"] else "-"
+        click.echo(f"{'*' if v['default'] else ' '} {v['version']:<10} "
+                   f"{v['traffic_weight']:>7.1%} {v['shadow_share']:>6.0%} "
+                   f"{v['min_resident']:>4} {idle:>6}  {', '.join(v['resident_on']) or '-'}")
+    if got["shadow"]:
+        click.echo("  shadow report (agreement: cosine for embeddings, exact match for chat):")
+        for r in got["shadow"]:
+            agree = "-" if r["agreement"] is None else f"{r['agreement']:.4f}"
+            p50 = "-" if r["latency_p50_s"] is None else f"{r['latency_p50_s'] * 1e3:.1f}ms"
+            p99 = "-" if r["latency_p99_s"] is None else f"{r['latency_p99_s'] * 1e3:.1f}ms"
+            click.echo(f"    {r['version']:<10} primary {r['primary']:>6}  shadow "
+                       f"{r['shadow']:>6}  errors {r['errors']:>4}  agreement {agree:>7}  "
+                       f"p50 {p50:>9}  p99 {p99:>9}")
 
 
 @models.command("derive")
@@ -289,7 +393,8 @@ def models_derive(name: str, base: str, version: str, precision: str,
 @click.argument("name")
 @click.argument("version")
 def models_default(name: str, version: str) -> None:
-    """Serve VERSION under the bare NAME (workers load it when they next start)."""
+    """Serve VERSION under the bare NAME: all of its traffic (a live worker loads it
+    on the first request, if none holds it). Batches keep the version they started on."""
     from jobs import registry
     from jobs.context import Context
 

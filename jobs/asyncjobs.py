@@ -10,14 +10,46 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
-from jobs import catalog, limits, usage, webhooks
+from jobs import catalog, limits, placement, registry, rollout, usage, webhooks
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
 from jobs.requests import EMBEDDINGS, ENDPOINTS, parse_embeddings, parse_generation
 from jobs.status import JobStatus
 
-QUEUE = "inferq:queue:jobs"
+QUEUE = "inferq:queue:jobs"  # the prefix of each model version's list
+
+
+def queue_for(model_ref: str) -> str:
+    """The list that jobs for ``model_ref`` (``name@version``) wait on; only workers
+    holding that version take from it."""
+    return f"{QUEUE}:{model_ref}"
+
+
+def job_ref(job: Job) -> str:
+    return registry.ref(str(job.body.get("model", "")), job.model_version)
+
+
+def push(ctx: Context, jobs: list[Job]) -> None:
+    """Put jobs on their version's list; a version no live jobs worker holds is placed
+    on one first (jobs.placement): its jobs wait on its list meanwhile. Jobs for a
+    version that cannot be placed go on the common list (``QUEUE``), which every jobs
+    worker also takes from: it refuses them (503 ``model_not_loaded``)."""
+    by_ref: dict[str, list[str]] = {}
+    for j in jobs:
+        by_ref.setdefault(job_ref(j), []).append(j.id)
+    for ref, ids in by_ref.items():
+        placed = "@" in ref and placement.ensure(ctx, ref, "jobs")
+        ctx.redis.rpush(queue_for(ref) if placed else QUEUE, *ids)
+
+
+def queued_anywhere(ctx: Context) -> int:
+    """Job ids waiting on any version's list."""
+    keys = [QUEUE, *ctx.redis.scan_iter(match=QUEUE + ":*", count=100)]
+    with ctx.redis.pipeline() as p:
+        for k in keys:
+            p.llen(k)
+        return sum(int(n) for n in p.execute()) if keys else 0
 
 
 class JobCreate(BaseModel):
@@ -50,12 +82,13 @@ def create(ctx: Context, tenant_id: str, endpoint: str, body: Any,
     """Store the job (with the key that created it: its usage is billed to it) and
     push its id."""
     clean = validate(ctx, endpoint, body)
+    version = rollout.route(ctx, clean["model"]).version  # a canary takes its share
     job = Job(id=job_id or new_id("job_"), tenant_id=tenant_id, api_key_id=api_key_id,
               endpoint=endpoint, body=clean, status=JobStatus.QUEUED,
-              callback_url=callback_url, created_at=now())
+              callback_url=callback_url, created_at=now(), model_version=version)
     with ctx.db.session() as s:
         s.add(job)
-    ctx.redis.rpush(QUEUE, job.id)  # after the commit: a lost push is recovered by workers
+    push(ctx, [job])  # after the commit: a lost push is recovered by workers
     return job
 
 
@@ -130,14 +163,14 @@ def recover(ctx: Context, stale_queued_s: float = 30) -> list[str]:
     pushed twice still runs once."""
     t = time.time()
     lost: Any = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < t)
-    if ctx.redis.llen(QUEUE) == 0:  # nothing in flight, so old queued jobs were dropped
+    if queued_anywhere(ctx) == 0:  # nothing in flight, so old queued jobs were dropped
         lost = or_(lost, (Job.status == JobStatus.QUEUED)
                    & (Job.created_at < int(t - stale_queued_s)))
     with ctx.db.session() as s:
-        ids = list(s.scalars(select(Job.id).where(lost).limit(1000)))
-    if ids:
-        ctx.redis.rpush(QUEUE, *ids)
-    return ids
+        jobs = list(s.scalars(select(Job).where(lost).limit(1000)))
+    if jobs:
+        push(ctx, jobs)
+    return [j.id for j in jobs]
 
 
 def job_object(job: Job) -> dict[str, Any]:

@@ -69,28 +69,40 @@ class QueueDepth(NamedTuple):
     depth: int
 
 
+def _keys(r: redis.Redis, pattern: str) -> set[str]:
+    return {k.decode() if isinstance(k, bytes) else str(k)
+            for k in r.scan_iter(match=pattern, count=200)}
+
+
 def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     """Messages waiting on each lane's Redis lists: the Celery queues of control, batch
-    and flex (every priority), the jobs list and each model's realtime list (those live
-    workers serve are listed even when empty). One pipeline of LLENs and a SCAN."""
-    rt_keys = sorted({k.decode() if isinstance(k, bytes) else str(k) for k in
-                      r.scan_iter(match=realtime.QUEUE + ":*", count=200)}
+    and flex (every priority, every model version's queue of a lane summed), the jobs
+    lists (summed) and each realtime list, by its model version (those live workers
+    hold are listed even when empty). One pipeline of LLENs and a few SCANs."""
+    rt_keys = sorted(_keys(r, realtime.QUEUE + ":*")
                      | {realtime.queue_for(m) for w in realtime.live_workers(r, "realtime")
-                        for m in w.get("models", [])})
+                        for m in w.get("resident", w.get("models", []))})
+    lane_keys = {q: sorted({q + suffix for suffix in PRIORITY_SUFFIXES}
+                           | _keys(r, q + ".*")) for q in QUEUES}
+    job_keys = sorted({asyncjobs.QUEUE} | _keys(r, asyncjobs.QUEUE + ":*"))
     with r.pipeline(transaction=False) as p:
         for q in QUEUES:
-            for suffix in PRIORITY_SUFFIXES:
-                p.llen(q + suffix)
-        p.llen(asyncjobs.QUEUE)
+            for k in lane_keys[q]:
+                p.llen(k)
+        for k in job_keys:
+            p.llen(k)
         for k in rt_keys:
             p.llen(k)
-        lengths = p.execute()
-    n = len(PRIORITY_SUFFIXES)
-    out = [QueueDepth("realtime", k[len(realtime.QUEUE) + 1:], length)
-           for k, length in zip(rt_keys, lengths[len(QUEUES) * n + 1:], strict=True)]
-    out.append(QueueDepth("jobs", None, lengths[len(QUEUES) * n]))
-    for i, q in enumerate(QUEUES):
-        out.append(QueueDepth(q, None, sum(lengths[i * n:(i + 1) * n])))
+        lengths = list(p.execute())
+    out = []
+    for q in QUEUES:
+        n = len(lane_keys[q])
+        out.append(QueueDepth(q, None, sum(lengths[:n])))
+        del lengths[:n]
+    out.append(QueueDepth("jobs", None, sum(lengths[:len(job_keys)])))
+    del lengths[:len(job_keys)]
+    out += [QueueDepth("realtime", k[len(realtime.QUEUE) + 1:], length)
+            for k, length in zip(rt_keys, lengths, strict=True)]
     return sorted(out, key=lambda d: (stats.LANE_ORDER.index(d.lane), d.model or ""))
 
 

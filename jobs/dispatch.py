@@ -69,6 +69,17 @@ def lane_queues(lanes: set[str]) -> list[str]:
     return queues or ["realtime"]
 
 
+def shard_queue(lane: str, model_ref: str | None) -> str:
+    """The queue of a lane's shards for one model version (``name@version``): only
+    workers holding that version consume it. The plain lane queue without one."""
+    return f"{lane}.{model_ref}" if model_ref else lane
+
+
+def shard_ref(model: str | None, version: str | None) -> str | None:
+    """The version a batch's shards are routed by (its pinned ``model_version``)."""
+    return f"{model}@{version}" if model and version else model
+
+
 def lane_for(tier: str) -> str:
     """The shard lane (and queue) of a batch's service tier."""
     return "flex" if tier == "flex" else "batch"
@@ -101,8 +112,10 @@ class Dispatcher:
     def validate(self, batch_id: str) -> None:
         self._send(TASK_VALIDATE, batch_id, batch_id, "control")
 
-    def shards(self, shard_ids: list[str], tier: str, countdown: float = 0) -> None:
-        queue = lane_for(tier)
+    def shards(self, shard_ids: list[str], tier: str, model_ref: str | None,
+               countdown: float = 0) -> None:
+        """Send shards of one lane and model version to its queue."""
+        queue = shard_queue(lane_for(tier), model_ref)
         for sid in shard_ids:
             self._send(TASK_SHARD, sid, sid.rsplit(".", 1)[0], queue, countdown)
 

@@ -45,8 +45,9 @@ from sqlalchemy import delete, func, literal, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from jobs import placement
 from jobs.context import Context
-from jobs.dispatch import SHARD_LANES, lane_for, tier_for
+from jobs.dispatch import SHARD_LANES, lane_for, shard_ref
 from jobs.models import Batch, DispatchDeficit, Shard, Tenant
 from jobs.realtime import live_workers
 from jobs.status import BatchStatus, ShardStatus
@@ -225,7 +226,7 @@ def dispatch(ctx: Context, lane: str) -> list[str]:
         ids.sort(key=order.__getitem__)
     if ids:
         try:
-            ctx.dispatcher.shards(ids, tier_for(lane))
+            send(ctx, ids)
         except Exception:
             # The broker is unreachable: the janitor's next sweep that reaches it sends
             # these at once (a dispatched, queued shard with updated_at 0).
@@ -266,4 +267,36 @@ def after_validation(ctx: Context, shard_ids: list[str], tier: str) -> None:
     if ctx.settings.fair_dispatch:
         dispatch_quietly(ctx, lane_for(tier))
     else:
-        ctx.dispatcher.shards(shard_ids, tier)
+        send(ctx, shard_ids)
+
+
+def send(ctx: Context, shard_ids: list[str]) -> None:
+    """Send shards (in the order given) to the queues of their lane and pinned model
+    version; a version that no live worker of the lane holds is placed on one first
+    (jobs.placement), its shards waiting on its queue meanwhile. A version that cannot
+    be placed (no worker has room, or its load failed) has its shards sent to the
+    lane's common queue, where a worker answers each row with a 503
+    ``model_not_loaded`` line."""
+    with ctx.db.session() as s:
+        rows = {sid: (tier, shard_ref(model, version)) for sid, tier, model, version in
+                s.execute(select(Shard.id, Batch.service_tier, Batch.model,
+                                 Batch.model_version)
+                          .join(Batch, Batch.id == Shard.batch_id)
+                          .where(Shard.id.in_(shard_ids)))}
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for sid in shard_ids:
+        if sid in rows:
+            groups.setdefault(rows[sid], []).append(sid)
+    for (tier, model_ref), ids in groups.items():
+        ctx.dispatcher.shards(ids, tier, model_ref if placeable(ctx, model_ref, tier) else None)
+
+
+def placeable(ctx: Context, model_ref: str | None, tier: str) -> bool:
+    """Whether a live worker of the tier's lane holds ``model_ref`` or will (placed)."""
+    if model_ref is None or "@" not in model_ref:
+        return False
+    try:
+        return placement.ensure(ctx, model_ref, lane_for(tier))
+    except Exception as e:  # noqa: BLE001 - sent to the version's queue: the janitor retries
+        log.warning("placement of %s failed: %s", model_ref, e)
+        return True

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import and_, exists, func, select, update
 
-from jobs import fairshare
+from jobs import fairshare, placement
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.dispatch import lane_for
@@ -42,6 +42,7 @@ class SweepReport:
     finalize: set[str] = field(default_factory=set)
     validate: set[str] = field(default_factory=set)
     dispatched: list[str] = field(default_factory=list)
+    placed: list[tuple[str, str, str]] = field(default_factory=list)  # warm pools' commands
 
 
 def sweep(ctx: Context) -> SweepReport:
@@ -53,6 +54,7 @@ def sweep(ctx: Context) -> SweepReport:
         _resume_control(ctx, rep)
         _send(ctx, rep)
         rep.dispatched = fairshare.dispatch_all(ctx)
+        rep.placed = placement.reconcile(ctx)
     except Exception:
         # The broker is unreachable (e.g. restarting): shards handed back above are
         # queued in the DB with no message. Mark them so the next sweep that reaches
@@ -66,15 +68,8 @@ def sweep(ctx: Context) -> SweepReport:
 
 
 def _send(ctx: Context, rep: SweepReport) -> None:
-    tiers: dict[str, list[str]] = {}
     if rep.requeued:
-        with ctx.db.session() as s:
-            rows = s.execute(select(Shard.id, Batch.service_tier).join(
-                Batch, Batch.id == Shard.batch_id).where(Shard.id.in_(rep.requeued)))
-            for sid, tier in rows:
-                tiers.setdefault(tier, []).append(sid)
-    for tier, ids in tiers.items():
-        ctx.dispatcher.shards(ids, tier)
+        fairshare.send(ctx, rep.requeued)
     for batch_id in sorted(rep.validate):
         ctx.dispatcher.validate(batch_id)
     for batch_id in sorted(rep.finalize):

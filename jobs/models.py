@@ -170,6 +170,7 @@ class Batch(Base):
     service_tier: Mapped[str] = mapped_column(String(16), default="default")
     status: Mapped[str] = mapped_column(String(16))
     model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    model_version: Mapped[str | None] = mapped_column(String(64), nullable=True)  # pinned
     defaults: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB, nullable=True)
     errors: Mapped[list[Any] | None] = mapped_column(JSONB, nullable=True)
@@ -290,6 +291,14 @@ class Model(Base):
     # The numeric precision a worker loads the weights in (jobs.registry.PRECISIONS).
     precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Rollout (jobs.rollout): the share of the name's realtime requests and jobs this
+    # (non-default) version takes, and the share of the default's it is shadowed with.
+    traffic_weight: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    shadow_share: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # Warm pool (jobs.placement): copies kept resident; idle time before an extra copy
+    # is unloaded (None: never).
+    min_resident: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    idle_unload_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     owned_by: Mapped[str] = mapped_column(String(64), default="inferq")
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
@@ -315,6 +324,7 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    model_version: Mapped[str | None] = mapped_column(String(64), nullable=True)  # routed to
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(nullable=True)

@@ -11,6 +11,7 @@ whose caller has given up. It also carries the project and key it is billed to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -24,6 +25,9 @@ from jobs.status import BreakerState, StreamEvent
 QUEUE = "inferq:queue:realtime"  # the prefix of each model's list
 WORKERS = "inferq:workers:"
 REPLY_TTL_S = 60
+
+
+ANY = f"{QUEUE}:any"  # INFERQ_PLACEMENT=on_demand: every request, any worker
 
 
 def reply_key(request_id: str) -> str:
@@ -42,22 +46,53 @@ def heartbeats(r: redis.Redis) -> list[dict[str, Any]]:
     return [orjson.loads(raw) for raw in (r.mget(keys) if keys else []) if raw]
 
 
+def holds(info: dict[str, Any], model: str) -> bool:
+    """Whether a heartbeat's worker holds ``model``: a version (``name@version``, among
+    its ``resident`` ones) or a name (among its ``models``)."""
+    if "@" in model:
+        return model in info.get("resident", ())
+    return model in info.get("models", ())
+
+
 def live_workers(r: redis.Redis, lane: str, model: str | None = None) -> list[dict[str, Any]]:
-    """Workers whose heartbeat is current and that serve ``lane`` (and ``model``, if
-    given: among the ``models`` their heartbeat announces)."""
+    """Workers whose heartbeat is current and that serve ``lane`` (and hold ``model``,
+    a name or a version, if given)."""
     return [info for info in heartbeats(r)
             if lane in info.get("lanes", []) and info.get("breaker") != BreakerState.OPEN
-            and (model is None or model in info.get("models", []))]
+            and (model is None or holds(info, model))]
 
 
-def admit(r: redis.Redis, model: str, max_queue: int) -> str:
-    """The queue to push a realtime request for ``model`` on; 503 + retry-after when no
-    live worker serves that model or its queue is full."""
-    if not live_workers(r, "realtime"):
+# Places a version no live worker holds; True when a copy is or will be resident.
+Placer = Callable[[str], bool]
+
+
+def ON_DEMAND(model_ref: str) -> bool:  # noqa: N802 - a marker, compared by identity
+    """The placer of INFERQ_PLACEMENT=on_demand: every request goes on one queue
+    (``ANY``), whichever worker takes it loads its version."""
+    return True
+
+
+def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None,
+          place: Placer | None = None) -> str:
+    """The queue to push a realtime request for ``model`` (routed to ``version``) on:
+    that version's. A version no live worker holds is placed first (``place``) and the
+    request waits on its queue for the load. 503 + retry-after when no worker serves
+    the lane, the version cannot be had, or its queue is full. A worker announcing
+    names only (``models``, no ``resident``) takes the name's own queue."""
+    beats = live_workers(r, "realtime")
+    if not beats:
         raise Unavailable("no worker is serving the realtime lane", retry_after=5)
-    if not live_workers(r, "realtime", model):
+    ref = f"{model}@{version}" if version else model
+    if place is ON_DEMAND:
+        queue = ANY
+    elif any(holds(b, ref) for b in beats):
+        queue = queue_for(ref)
+    elif any("resident" not in b and holds(b, model) for b in beats):
+        queue = queue_for(model)
+    elif version and place is not None and place(ref):
+        queue = queue_for(ref)
+    else:
         raise ModelNotLoaded(model)
-    queue = queue_for(model)
     if r.llen(queue) >= max_queue:
         raise Unavailable("the realtime queue is full", retry_after=2)
     return queue
@@ -80,18 +115,24 @@ def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> 
 
 
 class RealtimeClient:
+    """Realtime requests of one caller: billed to ``tenant_id`` and ``api_key_id`` (none
+    for a shadow's mirrored request), for ``version`` of the body's model."""
+
     def __init__(self, r: redis.Redis, max_queue: int = 1000, tenant_id: str | None = None,
-                 api_key_id: str | None = None) -> None:
+                 api_key_id: str | None = None, version: str | None = None,
+                 place: Placer | None = None) -> None:
         self.r = r
         self.max_queue = max_queue
         self.payer = {"tenant_id": tenant_id, "api_key_id": api_key_id}
+        self.version, self.place = version, place
 
     def call(self, kind: str, body: dict[str, Any], timeout_s: float) -> bytes:
         """Send one request and wait for the worker's answer (the JSON response body)."""
-        queue = admit(self.r, body["model"], self.max_queue)
+        queue = admit(self.r, body["model"], self.max_queue, self.version, self.place)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
-               "enqueued_at": time.time(), **self.payer}  # enqueued_at: queue-time metrics
+               "enqueued_at": time.time(), "version": self.version,
+               **self.payer}  # enqueued_at: queue-time metrics
         msg.update(_origin())
         with tracing.producer(f"realtime send {kind}", msg, _send_attributes(queue, rid)):
             self.r.lpush(queue, orjson.dumps(msg))
@@ -131,9 +172,11 @@ class TokenStream:
 
     def __init__(self, r: redis.Redis, kind: str, body: dict[str, Any], *,
                  first_event_s: float, idle_s: float, keepalive_s: float = 10.0,
-                 tenant_id: str | None = None, api_key_id: str | None = None) -> None:
+                 tenant_id: str | None = None, api_key_id: str | None = None,
+                 version: str | None = None, place: Placer | None = None) -> None:
         self.r, self.kind, self.body = r, kind, body
         self.payer = {"tenant_id": tenant_id, "api_key_id": api_key_id}
+        self.version, self.place = version, place
         self.first_event_s, self.idle_s, self.keepalive_s = first_event_s, idle_s, keepalive_s
         self.id = new_id("req_")
         self.pubsub = r.pubsub(ignore_subscribe_messages=False)
@@ -142,7 +185,7 @@ class TokenStream:
 
     def open(self, max_queue: int = 1000) -> dict[str, Any]:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
-        queue = admit(self.r, self.body["model"], max_queue)
+        queue = admit(self.r, self.body["model"], max_queue, self.version, self.place)
         self.pubsub.subscribe(stream_channel(self.id))
         deadline = time.monotonic() + 5
         while True:  # wait for the server's confirmation of the subscription
@@ -153,7 +196,7 @@ class TokenStream:
                 raise Unavailable("could not subscribe to the token stream", retry_after=2)
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
                "deadline": time.time() + self.first_event_s, "enqueued_at": time.time(),
-               **self.payer}
+               "version": self.version, **self.payer}
         msg.update(_origin())
         with tracing.producer(f"realtime send {self.kind}", msg,
                               _send_attributes(queue, self.id)):

@@ -82,6 +82,19 @@ BUILTIN: dict[str, Builtin] = {b.name: b for b in (
 )}
 
 
+def ref(name: str, version: str | None) -> str:
+    """A model version's id in queues, heartbeats and placement: ``name@version`` (the
+    bare name when the version is not known, as a worker announcing names only)."""
+    return f"{name}@{version}" if version else name
+
+
+def split_ref(model_ref: str) -> tuple[str, str | None]:
+    """``name@version`` -> (name, version); a bare name -> (name, None). Names and
+    versions never hold '@' (``_SEGMENT``)."""
+    name, _, version = model_ref.rpartition("@")
+    return (name, version) if name else (model_ref, None)
+
+
 def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
     """Natural order of versions: "2" < "10", "1.2" < "1.10"; numbers before words."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
@@ -200,8 +213,7 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
                       .values(is_default=True))
         model = s.get(Model, (name, version), populate_existing=True)
         assert model is not None
-    global _last_registration
-    _last_registration = next(_registrations)
+    _registered()
     return model
 
 
@@ -229,6 +241,99 @@ def set_default(ctx: Context, name: str, version: str) -> Model:
     return register(ctx, name, version, m.kind, m.source, m.files, m.context_length,
                     m.owned_by, object_prefix=m.object_prefix, precision=m.precision,
                     default="this")
+
+
+# Rollouts and warm pools -------------------------------------------------------------------
+
+
+def _version_row(s: Any, name: str, version: str) -> Model:
+    m = s.get(Model, (name, version), with_for_update=True)
+    if m is None:
+        raise ValueError(f"{name} has no version {version!r}")
+    return m
+
+
+def set_rollout(ctx: Context, name: str, version: str, weight: float | None = None,
+                shadow: float | None = None) -> Model:
+    """Give ``version`` (not the default) ``weight`` of the name's realtime requests and
+    jobs (a canary) and/or mirror ``shadow`` of the default's realtime requests to it.
+    Shares are in [0, 1]; the canaries of one name take at most all of its traffic."""
+    for what, v in (("weight", weight), ("shadow", shadow)):
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ValueError(f"{what} must be between 0 and 1 (a share of requests)")
+    with ctx.db.session() as s:
+        s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
+        m = _version_row(s, name, version)
+        if m.is_default:
+            raise ValueError(f"{name}@{version} is the default version: it takes the "
+                             "traffic the canaries leave")
+        if weight is not None:
+            others = s.scalar(select(func.coalesce(func.sum(Model.traffic_weight), 0.0))
+                              .where(Model.name == name, Model.version != version)) or 0.0
+            if others + weight > 1.0 + 1e-9:
+                raise ValueError(f"the canaries of {name} would take more than all of its "
+                                 f"traffic ({others:g} is given to other versions)")
+            m.traffic_weight = weight
+        if shadow is not None:
+            m.shadow_share = shadow
+        s.flush()
+        s.expunge(m)
+    _registered()
+    return m
+
+
+def promote(ctx: Context, name: str, version: str) -> Model:
+    """Make ``version`` the default, taking all of the name's traffic: every canary
+    weight and shadow share of the name is cleared."""
+    m = set_default(ctx, name, version)
+    with ctx.db.session() as s:
+        s.execute(update(Model).where(Model.name == name)
+                  .values(traffic_weight=0.0, shadow_share=0.0))
+    _registered()
+    return m
+
+
+def rollback(ctx: Context, name: str, version: str | None = None) -> list[str]:
+    """Stop new traffic to ``version`` (every version of the name that has a canary
+    weight or a shadow share, if None); the versions rolled back."""
+    with ctx.db.session() as s:
+        q = (update(Model).where(Model.name == name, (Model.traffic_weight > 0)
+                                 | (Model.shadow_share > 0))
+             .values(traffic_weight=0.0, shadow_share=0.0).returning(Model.version))
+        if version is not None:
+            _version_row(s, name, version)
+            q = q.where(Model.version == version)
+        out = sorted(s.scalars(q), key=version_key)
+    _registered()
+    return out
+
+
+def set_pool(ctx: Context, name: str, version: str, min_resident: int | None = None,
+             idle_unload_s: int | None = None, keep_forever: bool = False) -> Model:
+    """The warm pool of a version: ``min_resident`` copies kept resident on live
+    workers; an extra copy unused for ``idle_unload_s`` is unloaded (never, with
+    ``keep_forever``)."""
+    if min_resident is not None and min_resident < 0:
+        raise ValueError("min_resident must be 0 or more")
+    if idle_unload_s is not None and idle_unload_s < 1:
+        raise ValueError("idle_unload_s must be at least 1 second")
+    with ctx.db.session() as s:
+        m = _version_row(s, name, version)
+        if min_resident is not None:
+            m.min_resident = min_resident
+        if idle_unload_s is not None:
+            m.idle_unload_s = idle_unload_s
+        if keep_forever:
+            m.idle_unload_s = None
+        s.flush()
+        s.expunge(m)
+    _registered()
+    return m
+
+
+def _registered() -> None:
+    global _last_registration
+    _last_registration = next(_registrations)
 
 
 def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:

@@ -11,7 +11,7 @@ from typing import IO, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobs import catalog, fairshare, limits, webhooks
+from jobs import catalog, fairshare, limits, registry, webhooks
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.errors import (
@@ -119,16 +119,12 @@ def register_builtin_models(ctx: Context) -> None:
     """Publish the builtin models that ship ready to serve in an installed package
     (no conversion, no torch) and are not registered yet. Models that need a
     conversion are imported by ``inferq models import`` (workers.runtime.importers)."""
-    from jobs import registry
-
     for name in registry.missing_builtins(ctx):
         registry.publish_packaged(ctx, name)
 
 
 def list_models(ctx: Context) -> list[Model]:
     """The default version of each registered model, by name."""
-    from jobs import registry
-
     return registry.list_models(ctx)
 
 
@@ -319,6 +315,8 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
         max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
         models=catalog.load(ctx), count_tokens=count_tokens)
+    default = registry.get_default(ctx, plan.model) if plan.model else None
+    pinned = default.version if default is not None else None
     shard_ids: list[str] = []
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
@@ -342,6 +340,7 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
         b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
+        b.model_version = pinned  # the default version now: the batch keeps it to the end
         b.input_tokens = plan.input_tokens
         b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
         sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn

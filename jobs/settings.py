@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     max_batch_rows: int = 128
     embedding_model: str = "all-MiniLM-L6-v2"
     chat_model: str = "SmolLM2-135M-Instruct"  # empty: this worker serves no chat model
+    # More model versions a worker holds from its start (comma-separated names, for
+    # their default version, or name@version), and the memory its model versions may
+    # take in all (MiB of their files; 0: no limit): loading one more unloads the least
+    # recently used first (workers.residency).
+    models: str = ""
+    model_memory_mb: int = Field(default=0, ge=0)
+    # How realtime requests find a worker holding their model version: ``residency``
+    # (routed to the version's queue; a version nobody holds is placed on one worker)
+    # or ``on_demand`` (one queue for every request; the worker that takes one loads
+    # its version if it does not hold it: the naive policy, kept to compare with).
+    placement: Literal["residency", "on_demand"] = "residency"
     # A stack's model workers are forked from a process that has imported torch and the
     # other libraries once (workers.forked): a worker (re)starts without those imports.
     fork_workers: bool = True

@@ -16,7 +16,7 @@ from celery import Celery
 
 from jobs import fairshare, logs, tracing
 from jobs.context import Context
-from jobs.dispatch import lane_for, lane_queues
+from jobs.dispatch import lane_for, lane_queues, shard_queue, shard_ref
 from jobs.models import Batch
 from jobs.status import RESUMED_ELSEWHERE, ShardOutcome
 from workers import metrics
@@ -38,7 +38,7 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
 
     ctx = rt.ctx
     batch_id = shard_id.rsplit(".", 1)[0]
-    tier, project = batch_owner(ctx, batch_id)
+    tier, project, model_ref = batch_owner(ctx, batch_id)
     logs.bind(project_id=project)
     tracing.annotate({"inferq.project_id": project, "inferq.service_tier": tier})
     lane = lane_for(tier)
@@ -52,40 +52,51 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
     if result.finalize:
         ctx.dispatcher.finalize(batch_id)
     elif result.outcome in RESUMED_ELSEWHERE:
-        ctx.dispatcher.shards([shard_id], tier, countdown=result.retry_in_s)
+        ctx.dispatcher.shards([shard_id], tier, model_ref, countdown=result.retry_in_s)
     fairshare.dispatch_quietly(ctx, lane)
     log.info("shard %s: %s", shard_id, result.outcome)
     tracing.annotate({"inferq.outcome": str(result.outcome)})
     return result.outcome
 
 
-def batch_owner(ctx: Context, batch_id: str) -> tuple[str, str | None]:
-    """The batch's service tier and project."""
+def batch_owner(ctx: Context, batch_id: str) -> tuple[str, str | None, str | None]:
+    """The batch's service tier, project and pinned model version (``name@version``)."""
     with ctx.db.session() as s:
         b = s.get(Batch, batch_id)
-        return (b.service_tier, b.tenant_id) if b is not None else ("default", None)
+        if b is None:
+            return "default", None, None
+        return b.service_tier, b.tenant_id, shard_ref(b.model, b.model_version)
 
 
 class ShardConsumers:
-    """This worker's Celery consumers of the shard queues it serves. ``hostname`` (the
-    Celery node name) is learnt from the first shard task."""
+    """This worker's Celery consumers of the shard queues it serves: those of its shard
+    lanes (``queues``, given to Celery by ``-Q``), and per lane one for each model
+    version it holds (``refs``). ``hostname`` (the Celery node name) is learnt from the
+    first shard task."""
 
     def __init__(self, app: Celery, lanes: set[str]) -> None:
         self.app = app
         self.queues = [q for q in lane_queues(lanes) if q in SHARD_QUEUES]
+        self.refs: list[str] = []
         self.hostname: str | None = None
+
+    def queues_for(self, refs: list[str]) -> list[str]:
+        """The queues to consume while holding ``refs``: the plain lane queues (shards
+        sent before versions had queues of their own) and each version's."""
+        return self.queues + [shard_queue(q, ref) for q in self.queues for ref in refs]
 
     def pause(self, cooldown_s: float) -> None:
         """The breaker opened: stop taking shards for the cooldown, then take them again."""
         log.error("model keeps failing: taking no work for %.0f s", cooldown_s)
         host = self.hostname
-        if not host or not self.queues:
+        queues = self.queues_for(self.refs)
+        if not host or not queues:
             return
-        for q in self.queues:
+        for q in queues:
             self.app.control.cancel_consumer(q, destination=[host])
 
         def resume() -> None:
-            for q in self.queues:
+            for q in queues:
                 self.app.control.add_consumer(q, destination=[host])
 
         threading.Timer(cooldown_s, resume).start()

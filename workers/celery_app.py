@@ -10,6 +10,7 @@ runs the janitor and the webhook deliveries.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -71,8 +72,17 @@ class PoolProcess:
                 from workers.worker_runtime import build_runtime
 
                 self._runtime = build_runtime(self.settings, self.context(),
-                                              on_breaker_open=self.shard_consumers.pause)
+                                              on_breaker_open=self.shard_consumers.pause,
+                                              on_residency=self._residency_changed)
             return self._runtime
+
+    def _residency_changed(self) -> None:
+        """The pool child loaded or unloaded a version: the main process's shard queues
+        follow (once the runtime is built: its first announcement is the ready flag)."""
+        rt = self._runtime
+        if rt is not None:
+            self.shard_consumers.refs = rt.resident()
+            announce_ready(rt.resident())
 
     def start_janitor(self) -> None:
         self.janitor = JanitorThread(self.context(), self.settings.janitor_interval_s)
@@ -115,41 +125,59 @@ def _drain_flag(main_pid: int) -> Path:
 
 
 def _ready_flag(main_pid: int) -> Path:
-    """Holds the pid of the main process's pool child once its models are loaded."""
+    """Written by the main process's pool child once its models are loaded, and again
+    whenever the versions it holds change: its pid and those versions (JSON)."""
     return Path(tempfile.gettempdir()) / f"inferq-ready-{main_pid}"
 
 
-def _ready_child() -> int | None:
-    """This main process's pool child that has its models loaded, if it still runs."""
+def announce_ready(refs: list[str]) -> None:
+    """Pool child: tell the main process which versions it holds (so which shard queues
+    to consume); written whole and renamed, never read half-written."""
+    flag = _ready_flag(os.getppid())
+    tmp = flag.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "refs": sorted(refs)}))
+    tmp.replace(flag)
+
+
+def _ready_child() -> tuple[int, tuple[str, ...]] | None:
+    """This main process's pool child that has its models loaded, if it still runs, and
+    the versions it holds."""
     try:
-        pid = int(_ready_flag(os.getpid()).read_text())
+        got = json.loads(_ready_flag(os.getpid()).read_text())
+        pid = int(got["pid"])
         os.kill(pid, 0)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return pid
+    return pid, tuple(str(r) for r in got.get("refs", []))
 
 
 class ShardQueuesAfterModels(bootsteps.StartStopStep):
     """Main process of a model worker: consume the shard queues only while its pool
-    child has its models loaded. Celery's consumer starts before the pool child's
-    ``worker_process_init`` ends and would reserve a shard during the (re)load, which
-    no other worker could then take; this cancels the shard queues at start and adds
-    them when the child announces itself (``_ready_flag``), and again after a pool
-    child that died (out of memory) is replaced. Only those transitions touch the
-    queues, so a breaker's pause (``ShardConsumers.pause``) is left as it is."""
+    child has its models loaded, and only those of the versions it holds.
+
+    Shards are sent to one queue per lane and model version (``jobs.dispatch.shard_queue``).
+    Celery's consumer starts before the pool child's ``worker_process_init`` ends and
+    would reserve a shard during the (re)load, which no other worker could then take;
+    this cancels the shard queues at start and adds those of the child's versions when
+    the child announces itself (``_ready_flag``), again after a pool child that died
+    (out of memory) is replaced, and whenever the child loads or unloads a version.
+    Only those transitions touch the queues, so a breaker's pause
+    (``ShardConsumers.pause``) is left as it is."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        self.ready: int | None = None
+        self.consuming: set[str] = set()
         self.tick: Any = None
 
     def start(self, c: Any) -> None:
-        self.ready = _ready_child()
-        if self.ready is None:  # at start, or after a reconnect while a child reloads
-            for q in process.shard_consumers.queues:
-                c.cancel_task_queue(q)
+        ready = _ready_child()
+        self.consuming = set()
+        for q in process.shard_consumers.queues:  # the plain lane queues, given by -Q
+            c.cancel_task_queue(q)
+        if ready is not None:  # a reconnect while the child runs: consume again
+            self._apply(c, ready)
         self.tick = c.timer.call_repeatedly(0.5, self._check, (c,))
 
     def stop(self, c: Any) -> None:
@@ -157,14 +185,16 @@ class ShardQueuesAfterModels(bootsteps.StartStopStep):
             self.tick.cancel()
 
     def _check(self, c: Any) -> None:
-        pid = _ready_child()
-        if pid != self.ready:
-            for q in process.shard_consumers.queues:
-                if pid is None:
-                    c.cancel_task_queue(q)
-                else:
-                    c.add_task_queue(q)
-        self.ready = pid
+        self._apply(c, _ready_child())
+
+    def _apply(self, c: Any, ready: tuple[int, tuple[str, ...]] | None) -> None:
+        want = set() if ready is None else set(
+            process.shard_consumers.queues_for(list(ready[1])))
+        for q in sorted(self.consuming - want):
+            c.cancel_task_queue(q)
+        for q in sorted(want - self.consuming):
+            c.add_task_queue(q)
+        self.consuming = want
 
 
 if settings.lane_set.intersection(MODEL_LANES) and process.shard_consumers.queues:
@@ -209,8 +239,7 @@ def _init_child(**_: Any) -> None:
             "metrics server on %s:%s did not start: %s", settings.worker_metrics_host,
             settings.worker_metrics_port, e)
     if settings.lane_set.intersection(MODEL_LANES):
-        process.runtime()
-        _ready_flag(os.getppid()).write_text(str(os.getpid()))  # now take shards
+        announce_ready(process.runtime().resident())  # now take shards
     if "control" in settings.lane_set:
         process.start_janitor()
 

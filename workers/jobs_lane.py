@@ -28,29 +28,28 @@ from jobs.errors import InferqError
 from jobs.models import Job
 from jobs.outputs import dumps
 from jobs.requests import CHAT, EMBEDDINGS, EmbeddingsBody, parse_embeddings
-from workers.embedding_engine import JOBS, EmbeddingEngine, RowFuture, seconds_of, when_all_done
+from workers.embedding_engine import JOBS, RowFuture, seconds_of, when_all_done
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
-from workers.runtime.embedding_inputs import EmbeddingInputs
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.generation import Collect, GenerationEngine
+    from workers.generation import Collect
+    from workers.residency import Residency
 
 log = logging.getLogger("inferq.jobs_lane")
 
 
 class JobsConsumer(threading.Thread):
-    """Started in a pool child that serves the jobs lane; ``chat(model)`` returns the
-    generation engine (loading the chat model on first use) or refuses a model this
-    worker does not hold, ``allow`` is false while the circuit breaker is open."""
+    """Started in a pool child that serves the jobs lane: takes the jobs of the model
+    versions it holds (``models``: one Redis list per version); ``allow`` is false
+    while the circuit breaker is open."""
 
     burst = 64
 
-    def __init__(self, ctx: Context, engine: EmbeddingEngine, tokenizer: EmbeddingInputs,
-                 chat: Callable[[str], GenerationEngine], worker: str,
+    def __init__(self, ctx: Context, models: Residency, worker: str,
                  allow: Callable[[], bool], recover_every_s: float = 15.0) -> None:
         super().__init__(name="inferq-jobs", daemon=True)
-        self.ctx, self.engine, self.tokenizer, self.chat = ctx, engine, tokenizer, chat
+        self.ctx, self.models = ctx, models
         self.worker, self.allow, self.recover_every_s = worker, allow, recover_every_s
         self.token = secrets.token_hex(16)
         self.writer = ThreadPoolExecutor(2, thread_name_prefix="inferq-jobs-write")
@@ -92,10 +91,12 @@ class JobsConsumer(threading.Thread):
         """Wait up to a second for a job id, take up to ``burst`` of them, claim them and
         start each; a job that cannot start fails alone."""
         r = self.ctx.redis  # bytes replies: the client does not decode
-        got = r.blpop([asyncjobs.QUEUE], timeout=1)
+        # Its versions' lists, then the common one (jobs for versions nobody can hold).
+        queues = [asyncjobs.queue_for(m) for m in self.models.refs()] + [asyncjobs.QUEUE]
+        got = r.blpop(queues, timeout=1)
         if got is None:
             return
-        more = cast(list[bytes] | None, r.lpop(asyncjobs.QUEUE, self.burst - 1))
+        more = cast(list[bytes] | None, r.lpop(got[0], self.burst - 1))
         ids = [x.decode() for x in [cast(bytes, got[1]), *(more or [])]]
         jobs = asyncjobs.claim(self.ctx, ids, self.worker, self.token,
                                self.ctx.settings.lease_seconds)
@@ -113,7 +114,7 @@ class JobsConsumer(threading.Thread):
             self.start_embeddings(job)
             return
         try:
-            gen = self.chat(job.body["model"])
+            gen = self.models.chat(job.body["model"], job.model_version)
             greq = build_request(gen.model, job.endpoint, job.body)
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
@@ -126,11 +127,13 @@ class JobsConsumer(threading.Thread):
     def start_embeddings(self, job: Job) -> None:
         try:
             req = parse_embeddings(job.body, 1 << 30)
-            ids = self.tokenizer.prepare(req)  # refuses what the model cannot serve
+            res = self.models.embedder(req.model, job.model_version)
+            assert res.inputs is not None and res.engine is not None
+            ids = res.inputs.prepare(req)  # refuses what the model cannot serve
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
-        futures = self.engine.submit(ids, JOBS)
+        futures = res.engine.submit(ids, JOBS)
         when_all_done(futures, lambda: self.writer.submit(
             self.finish_embeddings, job, req, futures, sum(map(len, ids))))
 

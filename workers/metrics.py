@@ -102,6 +102,15 @@ BATCHES_EXPIRED = Counter("inferq_janitor_batches_expired",
                           "Batches the janitor expired at their completion window")
 
 
+MODEL_LOADS = Counter("inferq_model_loads", "Model versions loaded by this worker, by "
+                      "reason (configured, placement: a cold start, warm_pool)",
+                      ["model", "reason"])
+MODEL_UNLOADS = Counter("inferq_model_unloads", "Model versions unloaded, by reason "
+                        "(evicted, idle, command)", ["model", "reason"])
+MODEL_LOAD_SECONDS = Histogram("inferq_model_load_seconds", "Time to load a model version",
+                               ["model"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+
+
 def lane_of(priority: int) -> str:
     return LANES[priority] if 0 <= priority < len(LANES) else str(priority)
 
@@ -206,35 +215,40 @@ class RuntimeCollector(Collector):
         state.add_metric([rt.name], {s.value: s == now for s in BreakerState})
         yield state
         rows = CounterMetricFamily("inferq_engine_rows", "Rows embedded by the engine, by "
-                                   "lane", labels=["engine", "model", "lane"])
-        e = rt.embeddings.stats
-        for prio, n in sorted(e.by_priority.items()):
-            rows.add_metric(["embeddings", rt.embedding_model.model_id, lane_of(prio)], n)
-        yield rows
+                                   "lane", labels=["engine", "model", "version", "lane"])
         tokens = CounterMetricFamily("inferq_generation_tokens", "Tokens generated, by lane",
-                                     labels=["model", "lane"])
+                                     labels=["model", "version", "lane"])
         load = GaugeMetricFamily("inferq_engine_sequences", "Generation sequences running "
-                                 "and waiting in the engine", labels=["model", "state"])
+                                 "and waiting in the engine",
+                                 labels=["model", "version", "state"])
         prompt = CounterMetricFamily("inferq_prompt_tokens", "Prompt tokens of generation "
                                      "prefills, computed or taken from the prefix cache",
-                                     labels=["model", "source"])
-        gen = rt.chat.loaded
-        if gen is not None:
-            model = gen.model.model_id
-            for prio, n in sorted(gen.stats.tokens_by_priority.items()):
-                tokens.add_metric([model, lane_of(prio)], n)
-            prompt.add_metric([model, "computed"], gen.stats.prefill_tokens)
-            prompt.add_metric([model, "cached"], gen.stats.cached_tokens)
-            running, waiting = gen.load()
-            load.add_metric([model, "running"], running)
-            load.add_metric([model, "waiting"], waiting)
-        yield tokens
-        yield load
-        yield prompt
+                                     labels=["model", "version", "source"])
         pending = GaugeMetricFamily("inferq_engine_pending_rows", "Embedding rows waiting "
-                                    "for a micro-batch", labels=["model"])
-        pending.add_metric([rt.embedding_model.model_id], rt.embeddings.pending())
-        yield pending
+                                    "for a micro-batch", labels=["model", "version"])
+        resident = GaugeMetricFamily("inferq_model_resident_bytes", "Model versions this "
+                                     "worker holds (their files' bytes)",
+                                     labels=["model", "version"])
+        served = CounterMetricFamily("inferq_model_served", "Requests and batch rows looked "
+                                     "up on each resident version", labels=["model", "version"])
+        for res in rt.residency.residents():
+            name, version = res.model.name, res.model.version
+            resident.add_metric([name, version], res.bytes)
+            served.add_metric([name, version], res.served)
+            if res.engine is not None:
+                for prio, n in sorted(res.engine.stats.by_priority.items()):
+                    rows.add_metric(["embeddings", name, version, lane_of(prio)], n)
+                pending.add_metric([name, version], res.engine.pending())
+            gen = res.generation
+            if gen is not None:
+                for prio, n in sorted(gen.stats.tokens_by_priority.items()):
+                    tokens.add_metric([name, version, lane_of(prio)], n)
+                prompt.add_metric([name, version, "computed"], gen.stats.prefill_tokens)
+                prompt.add_metric([name, version, "cached"], gen.stats.cached_tokens)
+                running, waiting = gen.load()
+                load.add_metric([name, version, "running"], running)
+                load.add_metric([name, version, "waiting"], waiting)
+        yield from (rows, tokens, load, prompt, pending, resident, served)
         yield from accelerator_metrics()
 
 

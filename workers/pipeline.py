@@ -65,7 +65,8 @@ class LeaseKeeper(threading.Thread):
                 log.warning("shard %s: lease renewal failed: %s", self.shard_id, e)
 
 
-def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: str, worker: str,
+def process_shard(ctx: Context, runner_for: Callable[[str, str | None], Runner], shard_id: str,
+                  worker: str,
                   stop_requested: Callable[[], bool] = lambda: False,
                   healthy: Callable[[], bool] = lambda: True) -> ShardResult:
     """Claim the shard and run it from its checkpoint; every exit releases the lease.
@@ -84,7 +85,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
         b = s.get(Batch, sh.batch_id)
         assert b is not None
         batch_id, attempt, stalls = b.id, sh.attempt, sh.stalls
-        endpoint, tier = b.endpoint, b.service_tier
+        endpoint, tier, version = b.endpoint, b.service_tier, b.model_version
         if sh.dispatched_at is not None and sh.claimed_at is not None:
             metrics.observe_queue(lane_for(tier), b.model or "", sh.claimed_at - sh.dispatched_at)
         payer = Payer(b.tenant_id, b.api_key_id, usage.kind_of(endpoint), b.model or "", tier)
@@ -94,7 +95,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str], Runner], shard_id: s
     keeper = LeaseKeeper(ctx, shard_id, token)
     keeper.start()
     try:
-        return _run(ctx, runner_for(endpoint), sh, token, PRIORITY_BY_TIER.get(tier, 2),
+        return _run(ctx, runner_for(endpoint, version), sh, token, PRIORITY_BY_TIER.get(tier, 2),
                     stop_requested, healthy, keeper, payer)
     except Exception as e:  # noqa: BLE001 - recorded on the shard, retried with backoff
         log.exception("shard %s attempt %d failed", shard_id, attempt)

@@ -22,26 +22,26 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import redis
 from opentelemetry.trace import Span, SpanKind
 
-from jobs import admission, logs, realtime, tracing, usage
+from jobs import admission, logs, realtime, registry, tracing, usage
 from jobs.context import Context
-from jobs.errors import InferqError
+from jobs.errors import InferqError, ModelNotLoaded
 from jobs.outputs import dumps
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
 from workers import metrics
-from workers.embedding_engine import REALTIME, EmbeddingEngine, seconds_of, when_all_done
+from workers.embedding_engine import REALTIME, seconds_of, when_all_done
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
-from workers.runtime.embedding_inputs import EmbeddingInputs
 from workers.streams import CancelListener, Publisher, PubSink
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.generation import FinishReason, GenerationEngine, Usage
+    from workers.generation import FinishReason, Usage
+    from workers.residency import Residency
 
 log = logging.getLogger("inferq.realtime")
 
@@ -164,6 +164,12 @@ class ServicedSink(MeteredSink):
         self.service.record(self.model, end - self.t_start, first, self.servers)
 
 
+def _version(msg: dict[str, Any]) -> str | None:
+    """The version the API routed a message to (None: any this worker holds)."""
+    v = msg.get("version")
+    return v if isinstance(v, str) else None
+
+
 def log_fields(msg: Any) -> dict[str, str | None]:
     """The ids a request's log lines carry: the API request's (else the message's) and
     its project's."""
@@ -251,28 +257,36 @@ class TracedSink:
 
 
 class RealtimeConsumer(threading.Thread):
-    """Blocks on the realtime queues of ``models`` (those this worker holds); started in
-    a pool child that serves the lane.
+    """Blocks on the realtime queues of the model versions this worker holds (its
+    ``models``, read again before each wait: a version loaded or unloaded changes
+    them); started in a pool child that serves the lane.
 
-    ``chat(model)`` returns the generation engine (loading the chat model on first use)
-    or refuses a model this worker does not hold; ``allow`` is false while the circuit
-    breaker is open, and the lane then leaves requests to other workers."""
+    A message names its model and the version the API routed it to (``version``; a
+    message without one is served by the version of that name this worker holds);
+    ``allow`` is false while the circuit breaker is open, and the lane then leaves
+    requests to other workers."""
 
-    def __init__(self, r: redis.Redis, models: list[str], engine: EmbeddingEngine,
-                 tokenizer: EmbeddingInputs, max_inputs: int,
-                 chat: Callable[[str], GenerationEngine], allow: Callable[[], bool],
-                 meter: UsageWriter | None = None,
+    def __init__(self, r: redis.Redis, models: Residency, max_inputs: int,
+                 allow: Callable[[], bool], meter: UsageWriter | None = None,
                  service: admission.ServiceMeter | None = None,
-                 max_pending: int = 0) -> None:
+                 max_pending: int = 0, on_demand: bool = False) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
         self.service = service  # the service measurements the heartbeat reports
         self.max_pending = max_pending  # realtime rows waiting in the engine (0: no cap)
-        self.r, self.engine, self.tokenizer, self.max_inputs = r, engine, tokenizer, max_inputs
-        self.queues = [realtime.queue_for(m) for m in models]
-        self.chat, self.allow, self.meter = chat, allow, meter
+        self.r, self.models, self.max_inputs = r, models, max_inputs
+        self.allow, self.meter = allow, meter
+        self.on_demand = on_demand  # INFERQ_PLACEMENT=on_demand: load what is asked for
         self.publisher = Publisher(r)
         self.cancels = CancelListener(r)
         self.stopping = threading.Event()
+
+    @property
+    def queues(self) -> list[str]:
+        """Its versions' queues, then its names' (requests sent with no version, by an
+        API that routes by name only: served by the version of that name it holds)."""
+        return ([realtime.queue_for(m) for m in self.models.refs()]
+                + [realtime.queue_for(m) for m in self.models.names()]
+                + ([realtime.ANY] if self.on_demand else []))
 
     def start(self) -> None:
         self.publisher.start()
@@ -295,13 +309,17 @@ class RealtimeConsumer(threading.Thread):
             if not self.allow():
                 time.sleep(0.5)
                 continue
-            if self.max_pending and self.engine.pending(REALTIME) >= self.max_pending:
+            if self.max_pending and self.models.pending(REALTIME) >= self.max_pending:
                 # A full next pass is already waiting: the rest stays on the shared
                 # queue, for whichever worker frees first (one queue, c servers).
                 time.sleep(0.002)
                 continue
+            queues = self.queues
+            if not queues and not self.on_demand:  # holds nothing yet: a load command is on its way
+                time.sleep(0.2)
+                continue
             try:
-                got = self.r.brpop(self.queues, timeout=1)
+                got = self.r.brpop(queues, timeout=1)
             except redis.RedisError as e:
                 log.warning("realtime lane: %s; retrying", e)
                 time.sleep(1)
@@ -328,6 +346,18 @@ class RealtimeConsumer(threading.Thread):
                 tracing.end(span, error=e)
                 self.answer_error(msg, e)
 
+    def refuse_waiting(self, model_ref: str, e: Exception) -> None:
+        """Answer every request waiting on ``model_ref``'s queue with a 503: its load
+        failed (jobs.placement.load_failed)."""
+        name, _ = registry.split_ref(model_ref)
+        err = ModelNotLoaded(name)
+        err.message = f"{err.message} ({name} could not be loaded: {type(e).__name__})"
+        while (raw := self.r.rpop(realtime.queue_for(model_ref))) is not None:
+            try:
+                self.answer_error(orjson.loads(cast(bytes, raw)), err)
+            except Exception:  # noqa: BLE001 - nobody to answer: the caller times out
+                log.warning("realtime lane: a waiting request could not be answered")
+
     def answer_error(self, msg: Any, e: Exception) -> None:
         """Send ``e`` to the caller of ``msg`` (on its stream or its reply list), if the
         message says who that is."""
@@ -346,6 +376,10 @@ class RealtimeConsumer(threading.Thread):
         if msg.get("deadline", 0) < time.time():
             tracing.end(span, attributes={"inferq.dropped": "the caller has given up"})
             return  # the caller has given up
+        if self.on_demand and (v := _version(msg)) is not None:
+            model = str(msg["body"].get("model", ""))
+            if registry.ref(model, v) not in self.models.refs():
+                self.models.load(registry.ref(model, v), "on_demand")  # in line, as asked
         if msg["kind"] in (CHAT, COMPLETIONS):
             self.handle_generation(msg, span)
         else:
@@ -357,7 +391,7 @@ class RealtimeConsumer(threading.Thread):
                 if self.service is None else
                 ServicedSink(self.publisher, msg, self.cancels, self.meter, self.service))
         try:
-            gen = self.chat(msg["body"]["model"])
+            gen = self.models.chat(msg["body"]["model"], _version(msg))
             req = build_request(gen.model, msg["kind"], msg["body"])
         except InferqError as e:
             sink.error(e.status, e.to_dict())
@@ -372,12 +406,14 @@ class RealtimeConsumer(threading.Thread):
         rid = msg["id"]
         try:
             req = parse_embeddings(msg["body"], self.max_inputs)
-            ids = self.tokenizer.prepare(req)  # refuses what the model cannot serve
+            res = self.models.embedder(req.model, _version(msg))
+            assert res.inputs is not None and res.engine is not None
+            ids = res.inputs.prepare(req)  # refuses what the model cannot serve
         except InferqError as e:
             self.reply(rid, {"status": e.status, "error": e.to_dict()})
             tracing.end(span, error=e)
             return
-        futures = self.engine.submit(ids, REALTIME)
+        futures = res.engine.submit(ids, REALTIME)
         if (enqueued := _enqueued_at(msg)) is not None:
             metrics.observe_queue(usage.REALTIME, req.model, time.time() - enqueued)
         ntok = sum(map(len, ids))

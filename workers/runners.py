@@ -20,7 +20,7 @@ from jobs import outputs, shapes
 from jobs.errors import InferqError
 from jobs.outputs import Tokens
 from jobs.requests import CHAT, parse_embeddings
-from workers.embedding_engine import EmbeddingEngine, seconds_of
+from workers.embedding_engine import seconds_of
 from workers.generation_request import build_request
 from workers.responses import embeddings_body, failure
 
@@ -58,19 +58,23 @@ def _failed(custom_id: str, e: Exception) -> bytes:
 
 
 class EmbeddingRunner:
-    def __init__(self, engine: EmbeddingEngine, tok: Any, max_inputs: int) -> None:
-        self.engine, self.tok, self.max_inputs = engine, tok, max_inputs
+    """``embedder(model)`` returns the resident version that serves the batch's rows of
+    ``model`` (its engine and inputs) or refuses a model this worker does not hold."""
+
+    def __init__(self, embedder: Callable[[str], Any], max_inputs: int) -> None:
+        self.embedder, self.max_inputs = embedder, max_inputs
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:
             try:
                 body = parse_embeddings(orjson.loads(r["body"]), self.max_inputs)
-                ids = self.tok.prepare(body)  # refuses what the model cannot serve
+                res = self.embedder(body.model)
+                ids = res.inputs.prepare(body)  # refuses what the model cannot serve
             except InferqError as e:
                 reqs.append((r["custom_id"], e, [], 0))
                 continue
-            reqs.append((r["custom_id"], body, self.engine.submit(ids, prio),
+            reqs.append((r["custom_id"], body, res.engine.submit(ids, prio),
                          sum(map(len, ids))))
         return Chunk(rows, reqs)
 

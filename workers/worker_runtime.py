@@ -20,12 +20,14 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jobs.admission import ServiceMeter
 from jobs.context import Context
-from jobs.errors import ModelNotLoaded, Unavailable
-from jobs.registry import CHAT_KIND, EMBEDDINGS_KIND
+from jobs.errors import Unavailable
+from jobs.models import Model
+from jobs.registry import EMBEDDINGS_KIND, total_bytes
 from jobs.requests import EMBEDDINGS
 from jobs.settings import Settings
 from workers import metrics
@@ -35,9 +37,10 @@ from workers.embedding_engine import EmbeddingEngine
 from workers.heartbeat import Heartbeat, worker_name
 from workers.jobs_lane import JobsConsumer
 from workers.realtime_lane import RealtimeConsumer, UsageWriter
+from workers.residency import Commands, Residency, Resident
 from workers.runners import EmbeddingRunner, GenerationRunner, Runner
 from workers.runtime import simulated
-from workers.runtime.cache import registered
+from workers.runtime.cache import local_dir
 from workers.runtime.embedding_inputs import EmbeddingInputs
 
 if TYPE_CHECKING:  # torch-bound: imported where a real model is loaded
@@ -58,106 +61,119 @@ class Service(Protocol):
         """Stop taking work and release what the service holds."""
 
 
-class LazyGenerationEngine:
-    """The generation engine, its chat model loaded on first use and kept resident.
+def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
+                      ) -> GenerationEngine:
+    """A generation engine over the chat model version ``m`` (its files at ``path``)."""
+    from workers.generation import GenerationEngine
+    from workers.prefix_cache import WORTH_TOKENS, PrefixCache
+    from workers.runtime.chat import ChatModel
 
-    Loaded lazily: a worker that only ever serves embeddings keeps the CPU/GPU
-    to itself (INFERQ_PRELOAD_CHAT_MODEL=1 loads it at start instead)."""
+    st = settings
+    model = ChatModel(m.name, path, context_length=m.context_length,
+                      fault_oom_above_tokens=st.fault_oom_above_tokens, precision=m.precision)
+    cache = (PrefixCache(st.prefix_cache_mb << 20, min_hit_tokens=WORTH_TOKENS)
+             if st.prefix_cache_mb > 0 else None)
+    return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
+                            max_rows=st.max_generation_rows * 2,
+                            max_prefill_tokens=st.max_prefill_tokens,
+                            batch_prefill_tokens=st.batch_prefill_tokens,
+                            realtime_quiet_s=st.realtime_quiet_s,
+                            on_step=metrics.step_recorder(m.name), prefix_cache=cache)
 
-    def __init__(self, ctx: Context, settings: Settings) -> None:
-        self.ctx, self.settings = ctx, settings
-        self.loaded: GenerationEngine | None = None
-        self._lock = threading.Lock()
 
-    @property
-    def name(self) -> str | None:
-        """The chat model this worker serves (loaded or not), None if it serves none."""
-        return self.settings.chat_model or None
+class Loader:
+    """Builds the ``Resident`` of a registry row on this worker's accelerator: an
+    embedding model and its engine (loaded now), or a chat model (loaded on its first
+    request, unless ``INFERQ_PRELOAD_CHAT_MODEL``)."""
 
-    def get(self, model: str) -> GenerationEngine:
-        """The engine for a request for ``model``; ModelNotLoaded when this worker does
-        not serve that model, Unavailable when its chat model cannot be had."""
-        if model != self.name:
-            raise ModelNotLoaded(model)
-        with self._lock:
-            if self.loaded is None:
-                self.loaded = self._load()
-            return self.loaded
+    def __init__(self, ctx: Context, settings: Settings, breaker: Breaker) -> None:
+        self.ctx, self.settings, self.breaker = ctx, settings, breaker
+        self.simulated = settings.accelerator == simulated.ACCELERATOR
+        self.device: str | None = simulated.ACCELERATOR if self.simulated else None
 
-    def _load(self) -> GenerationEngine:
-        from workers.generation import GenerationEngine
-        from workers.prefix_cache import WORTH_TOKENS, PrefixCache
-        from workers.runtime.chat import ChatModel
-
+    def __call__(self, m: Model) -> Resident:
         st = self.settings
+        size = total_bytes(m)
+        if m.kind == EMBEDDINGS_KIND:
+            model: EmbeddingInputs
+            if self.simulated:
+                model = simulated.load_version(st, self.ctx, m)
+            else:
+                real = load_embedding_version(st, self.ctx, m)
+                self.device = real.device.type
+                model = real
+            engine = EmbeddingEngine(model, BatchPolicy(st.max_batch_tokens, st.max_batch_rows),
+                                     on_batch=metrics.batch_recorder(m.name),
+                                     on_pass=self.breaker.record)
+            return Resident(m, size, inputs=model, engine=engine)
+        if self.simulated:
+            raise ValueError(f"{m.name} is a chat model: the simulated accelerator serves "
+                             "embeddings only")
         try:
-            found = registered(self.ctx, st.chat_model, CHAT_KIND) if st.chat_model else None
-        except ValueError as e:  # configured with a model of another kind
-            raise Unavailable(f"this worker serves no chat model: {e}") from e
-        if found is None:
-            raise Unavailable("this worker serves no chat model (run `inferq models "
-                              "import` and set INFERQ_CHAT_MODEL)")
-        m, path = found
-        model = ChatModel(st.chat_model, path, context_length=m.context_length,
-                          fault_oom_above_tokens=st.fault_oom_above_tokens,
-                          precision=m.precision)
-        cache = (PrefixCache(st.prefix_cache_mb << 20, min_hit_tokens=WORTH_TOKENS)
-                 if st.prefix_cache_mb > 0 else None)
-        return GenerationEngine(model, max_batch_rows=st.max_generation_rows,
-                                max_rows=st.max_generation_rows * 2,
-                                max_prefill_tokens=st.max_prefill_tokens,
-                                batch_prefill_tokens=st.batch_prefill_tokens,
-                                realtime_quiet_s=st.realtime_quiet_s,
-                                on_step=metrics.step_recorder(st.chat_model),
-                                prefix_cache=cache)
+            found = local_dir(self.ctx, m)
+        except ValueError as e:
+            raise Unavailable(f"the chat model {m.name}@{m.version} cannot be had: {e}") from e
+        res = Resident(m, size, chat=lambda: generation_engine(self.ctx, st, m, found))
+        if st.preload_chat_model:
+            res.generator()
+        return res
 
 
 @dataclass(frozen=True)
 class WorkerRuntime:
-    """One pool child's models, engines, breaker and lane threads."""
+    """One pool child's models (its residency), breaker and lane threads."""
 
     settings: Settings
     ctx: Context
     name: str  # as in heartbeats and leases
     breaker: Breaker
-    embedding_model: EmbeddingInputs
-    embeddings: EmbeddingEngine
-    chat: LazyGenerationEngine
+    residency: Residency
     accelerator: str  # cuda, cpu (torch's device) or simulated
     threads: list[Service] = field(default_factory=list)
     service: ServiceMeter = field(default_factory=ServiceMeter)  # realtime, for admission
 
-    def runner_for(self, endpoint: str) -> Runner:
-        """How the shard pipeline feeds rows of ``endpoint`` to this worker's engines."""
+    def runner_for(self, endpoint: str, version: str | None = None) -> Runner:
+        """How the shard pipeline feeds rows of ``endpoint`` for a batch pinned to
+        ``version`` to this worker's engines."""
+        res = self.residency
         if endpoint == EMBEDDINGS:
-            return EmbeddingRunner(self.embeddings, self.embedding_model,
+            return EmbeddingRunner(lambda name: res.embedder(name, version),
                                    self.settings.max_embedding_inputs)
-        return GenerationRunner(self.chat.get, endpoint)
+        return GenerationRunner(lambda name: res.chat(name, version), endpoint)
 
     def models(self) -> list[str]:
-        """The models this worker serves: its embedding model, and its chat model (loaded
-        on the first request for it). The API routes realtime requests by these."""
-        return [self.embedding_model.model_id] + ([self.chat.name] if self.chat.name else [])
+        """The names of the models this worker holds."""
+        return self.residency.names()
+
+    def resident(self) -> list[str]:
+        """The versions this worker holds (``name@version``): the API, the dispatcher
+        and the placement route by these."""
+        return self.residency.refs()
 
     def describe(self) -> dict[str, Any]:
-        """What the heartbeat announces: lanes, models, breaker state, engine counters,
-        and where this process's metrics are scraped."""
+        """What the heartbeat announces: lanes, models and versions held, breaker state,
+        engine counters, and where this process's metrics are scraped."""
         out = {"name": self.name, "lanes": sorted(self.settings.lane_set),
-               "breaker": self.breaker.state, "models": self.models(), "stats": self.stats(),
-               "metrics_url": metrics.url(), "service": self.service.snapshot(),
-               "accelerator": self.accelerator}
+               "breaker": self.breaker.state, "models": self.models(),
+               "resident": self.resident(), "residency": self.residency.snapshot(),
+               "stats": self.stats(), "metrics_url": metrics.url(),
+               "service": self.service.snapshot(), "accelerator": self.accelerator}
         if self.accelerator == simulated.ACCELERATOR:
             out["simulated_profile"] = self.settings.simulated_profile
         return out
 
     def stats(self) -> dict[str, Any]:
-        e = self.embeddings.stats
-        out: dict[str, Any] = {"embeddings": {
-            "batches": e.batches, "rows": e.rows, "real_tokens": e.real_tokens,
-            "computed_tokens": e.computed_tokens}}
-        gen = self.chat.loaded
-        if gen is not None:
-            out["generation"] = gen.stats.snapshot()
+        emb = {"batches": 0, "rows": 0, "real_tokens": 0, "computed_tokens": 0}
+        out: dict[str, Any] = {"embeddings": emb}
+        for res in self.residency.residents():
+            if res.engine is not None:
+                e = res.engine.stats
+                emb["batches"] += e.batches
+                emb["rows"] += e.rows
+                emb["real_tokens"] += e.real_tokens
+                emb["computed_tokens"] += e.computed_tokens
+            elif res.generation is not None and "generation" not in out:
+                out["generation"] = res.generation.stats.snapshot()
         return out
 
     def stop(self) -> None:
@@ -165,78 +181,80 @@ class WorkerRuntime:
         each lane releases what it holds (the jobs lane's writes finish)."""
         for t in self.threads:
             t.stopping.set()
-        self.embeddings.stop()
-        if self.chat.loaded is not None:
-            self.chat.loaded.stop()
+        self.residency.stop()
         for t in self.threads:
             t.stop()
 
 
+def initial_models(settings: Settings) -> list[str]:
+    """What a worker holds from its start: its embedding model, its chat model and the
+    versions ``INFERQ_MODELS`` lists (each a name, for its default version, or
+    ``name@version``)."""
+    out = [settings.embedding_model]
+    if settings.chat_model and settings.accelerator != simulated.ACCELERATOR:
+        out.append(settings.chat_model)
+    out += [m.strip() for m in settings.models.split(",") if m.strip()]
+    return list(dict.fromkeys(x for x in out if x))
+
+
 def build_runtime(settings: Settings, ctx: Context,
-                  on_breaker_open: Callable[[float], None]) -> WorkerRuntime:
+                  on_breaker_open: Callable[[float], None],
+                  on_residency: Callable[[], None] | None = None) -> WorkerRuntime:
     """Load the models, start the engines, then the lanes this worker serves and its
     heartbeat. Called once per pool child that serves a model lane."""
-    model: EmbeddingModel | simulated.SimulatedEmbeddingModel
-    accelerator: str
-    if settings.accelerator == simulated.ACCELERATOR:
-        # Embeddings only: the simulated accelerator runs no chat model.
-        settings = settings.model_copy(update={"chat_model": ""})
-        model = simulated.load_embedding_model(settings, ctx)
-        accelerator = simulated.ACCELERATOR
-    else:
-        if settings.torch_threads:
-            import torch
+    if settings.accelerator != simulated.ACCELERATOR and settings.torch_threads:
+        import torch
 
-            torch.set_num_threads(settings.torch_threads)
-        model = load_embedding_model(settings, ctx)
-        accelerator = model.device.type
+        torch.set_num_threads(settings.torch_threads)
     breaker = Breaker(settings.breaker_threshold, settings.breaker_cooldown_s)
     breaker.on_open.append(on_breaker_open)
-    engine = EmbeddingEngine(model, BatchPolicy(settings.max_batch_tokens,
-                                                settings.max_batch_rows),
-                             on_batch=metrics.batch_recorder(model.model_id),
-                             on_pass=breaker.record)
-    rt = WorkerRuntime(settings, ctx, worker_name(), breaker, model, engine,
-                       LazyGenerationEngine(ctx, settings), accelerator,
+    name = worker_name()
+    loader = Loader(ctx, settings, breaker)
+    residency = Residency(ctx, loader, settings.model_memory_mb << 20, name)
+    for ref in initial_models(settings):
+        try:
+            residency.load(ref, "configured")
+        except ValueError as e:
+            raise RuntimeError(f"model {ref!r} could not be loaded: {e} (run `inferq "
+                               "models import` first)") from e
+    accelerator = loader.device or ("cpu" if settings.accelerator != simulated.ACCELERATOR
+                                    else simulated.ACCELERATOR)
+    rt = WorkerRuntime(settings, ctx, name, breaker, residency, accelerator,
                        service=ServiceMeter(settings.admission_service_window_s))
+    residency.on_change = on_residency
     metrics.register_runtime(rt)
-    if settings.preload_chat_model and rt.chat.name:
-        rt.chat.get(rt.chat.name)
     _start_lanes(rt)
     where: str = accelerator
     if accelerator == simulated.ACCELERATOR:
         where = (f"simulated accelerator, profile {settings.simulated_profile} "
                  "(embeddings only)")
     log.info("worker %s ready: lanes=%s models=%s accelerator=%s", rt.name, settings.lanes,
-             rt.models(), where)
+             rt.resident(), where)
     return rt
 
 
-def load_embedding_model(settings: Settings, ctx: Context) -> EmbeddingModel:
-    """The worker's embedding model, as its registry row describes it."""
+def load_embedding_version(settings: Settings, ctx: Context, m: Model) -> EmbeddingModel:
+    """An embedding model version, as its registry row describes it."""
     from workers.runtime.embeddings import EmbeddingModel
 
-    found = registered(ctx, settings.embedding_model, EMBEDDINGS_KIND)
-    if found is None:
-        raise RuntimeError(f"the embedding model {settings.embedding_model!r} is not "
-                           "registered: run `inferq models import` first")
-    m, path = found
-    return EmbeddingModel(m.name, path, max_length=m.context_length,
+    return EmbeddingModel(m.name, local_dir(ctx, m), max_length=m.context_length,
                           fault_oom_above_tokens=settings.fault_oom_above_tokens,
                           fault_fail=settings.fault_model_fails, precision=m.precision)
 
 
 def _start_lanes(rt: WorkerRuntime) -> None:
     st, lanes = rt.settings, rt.settings.lane_set
+    realtime: RealtimeConsumer | None = None
     if "realtime" in lanes:
-        rt.threads.append(RealtimeConsumer(rt.ctx.redis, rt.models(), rt.embeddings,
-                                           rt.embedding_model, st.max_embedding_inputs,
-                                           rt.chat.get, allow=rt.breaker.allow,
-                                           meter=UsageWriter(rt.ctx), service=rt.service,
-                                           max_pending=st.max_batch_rows))
+        realtime = RealtimeConsumer(rt.ctx.redis, rt.residency, st.max_embedding_inputs,
+                                    allow=rt.breaker.allow, meter=UsageWriter(rt.ctx),
+                                    service=rt.service, max_pending=st.max_batch_rows,
+                                    on_demand=st.placement == "on_demand")
+        rt.threads.append(realtime)
     if "jobs" in lanes:
-        rt.threads.append(JobsConsumer(rt.ctx, rt.embeddings, rt.embedding_model, rt.chat.get,
-                                       rt.name, allow=rt.breaker.allow))
+        rt.threads.append(JobsConsumer(rt.ctx, rt.residency, rt.name, allow=rt.breaker.allow))
+    rt.threads.append(Commands(rt.ctx, rt.name, rt.residency,
+                               on_failed=realtime.refuse_waiting if realtime else None))
     rt.threads.append(Heartbeat(rt.ctx.redis, rt.name, rt.describe, st.worker_heartbeat_s))
     rt.threads.append(metrics.history_flusher(rt.ctx.redis))  # the dashboard's latencies
     for t in rt.threads:

@@ -43,3 +43,27 @@ def chat_line(i: int | str, content: str, model: str, max_tokens: int = 8) -> di
     return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": model, "temperature": 0, "max_tokens": max_tokens,
                      "messages": [{"role": "user", "content": content}]}}
+
+
+def held_models(embeddings: tuple[tuple[Any, Any], ...] = (),
+                chats: dict[str, Any] | None = None) -> Any:
+    """A worker's residency holding version 1 of each embedding model given (its model
+    and engine) and of each chat model given (``name -> build()`` of its engine); it
+    refuses to load anything else."""
+    from typing import cast
+
+    from jobs.context import Context
+    from jobs.models import Model
+    from workers.residency import Residency, Resident
+
+    def no_loads(m: Model) -> Resident:
+        raise AssertionError(f"{m.name} must not be loaded")
+
+    held = Residency(cast(Context, None), loader=no_loads)
+    for model, engine in embeddings:
+        held.hold(Resident(Model(name=model.model_id, version="1", kind="embeddings",
+                                 files=[]), 0, inputs=model, engine=engine), "configured")
+    for name, build in (chats or {}).items():
+        held.hold(Resident(Model(name=name, version="1", kind="chat", files=[]), 0,
+                           chat=build), "configured")
+    return held

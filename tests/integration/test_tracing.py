@@ -15,7 +15,7 @@ import pytest
 from jobs.context import Context
 from jobs.models import Batch
 from tests.conftest import AWS_ENV, free_port, fresh_database
-from tests.integration.helpers import emb_line, jsonl, upload, wait
+from tests.integration.helpers import emb_line, held_models, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow
 CHAT_MODEL = "SmolLM2-135M-Instruct"
@@ -221,13 +221,10 @@ def test_a_realtime_request_in_process_is_one_trace(own_redis_url: str, minilm: 
     from jobs.settings import Settings
     from workers.realtime_lane import RealtimeConsumer
 
-    def no_chat(model: str) -> Any:
-        raise AssertionError("no chat here")
-
     exporter = InMemorySpanExporter()
     assert tracing.setup(Settings(), "api", exporter=exporter)
     r = redis_lib.Redis.from_url(own_redis_url)
-    lane = RealtimeConsumer(r, ["all-MiniLM-L6-v2"], minilm_engine, minilm, 100, no_chat,
+    lane = RealtimeConsumer(r, held_models(((minilm, minilm_engine),)), 100,
                             allow=lambda: True)
     lane.start()
     realtime.heartbeat(r, "w", {"name": "w", "lanes": ["realtime"],

@@ -23,6 +23,7 @@ from jobs.models import Job, new_id, now
 from jobs.realtime import RealtimeClient, TokenStream
 from jobs.requests import CHAT, EMBEDDINGS
 from jobs.settings import Settings
+from tests.integration.helpers import held_models
 
 MODEL = "all-MiniLM-L6-v2"
 CHAT_MODEL = "SmolLM2-135M-Instruct"
@@ -36,6 +37,12 @@ def broken_chat(model: str) -> Any:
     raise RuntimeError("object store unreachable")
 
 
+def workers_models(minilm: Any, engine: Any) -> Any:
+    """What the worker holds: the embeddings model, and chat models that fail to load."""
+    return held_models(((minilm, engine),), {m: lambda m=m: broken_chat(m)
+                                             for m in (CHAT_MODEL, "tiny-chat")})
+
+
 # The realtime lane ---------------------------------------------------------------------
 
 
@@ -45,7 +52,7 @@ def r(own_redis_url: str, minilm, minilm_engine) -> Iterator[redis_lib.Redis]:  
     from workers.realtime_lane import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)
-    lane = RealtimeConsumer(client, [MODEL, CHAT_MODEL], minilm_engine, minilm, 100, broken_chat,
+    lane = RealtimeConsumer(client, workers_models(minilm, minilm_engine), 100,
                             allow=lambda: True)
     lane.start()
     realtime.heartbeat(client, "w", {"name": "w", "lanes": ["realtime"],
@@ -152,7 +159,8 @@ def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, minilm, minilm_en
         "vocab": queued(jctx, tenant, EMBEDDINGS, {"model": MODEL, "input": [99999]}),
         "other": queued(jctx, tenant, EMBEDDINGS, {"model": "bge-small", "input": "hi"}),
     }
-    lane = JobsConsumer(jctx, minilm_engine, minilm, broken_chat, "test-worker", allow=lambda: True)
+    lane = JobsConsumer(jctx, workers_models(minilm, minilm_engine), "test-worker",
+                        allow=lambda: True)
     lane.start()
     try:
         jobs = ended(jctx, list(ids.values()))

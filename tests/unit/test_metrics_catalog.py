@@ -35,7 +35,8 @@ def defined() -> set[str]:
              for m in vars(mod).values() if isinstance(m, MetricWrapperBase)}
     scrape_time = ("inferq_queue_depth", "inferq_breaker_state", "inferq_engine_rows",
                    "inferq_generation_tokens", "inferq_engine_sequences", "inferq_prompt_tokens",
-                   "inferq_engine_pending_rows", "inferq_accelerator_memory_used_bytes",
+                   "inferq_engine_pending_rows", "inferq_model_resident_bytes",
+                   "inferq_model_served", "inferq_accelerator_memory_used_bytes",
                    "inferq_accelerator_memory_total_bytes",
                    "inferq_accelerator_memory_allocated_bytes",
                    "inferq_accelerator_utilization_ratio")

@@ -149,7 +149,8 @@ from workers.runtime import simulated
 m = simulated.from_directory("all-MiniLM-L6-v2", __import__("pathlib").Path(sys.argv[1]), 256,
                              simulated.PROFILES["h100-minilm"])
 engine = EmbeddingEngine(m, BatchPolicy(4096, 64))
-runner = EmbeddingRunner(engine, m, 16)
+held = __import__("types").SimpleNamespace(inputs=m, engine=engine)
+runner = EmbeddingRunner(lambda name: held, 16)
 rows = [{"custom_id": f"r{i}", "body": orjson.dumps({"model": "all-MiniLM-L6-v2",
                                                      "input": f"text {i}"})}
         for i in range(5)]

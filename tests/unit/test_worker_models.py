@@ -12,8 +12,9 @@ import pytest
 
 from jobs.context import Context
 from jobs.errors import InvalidRequest, ModelNotLoaded, NotFound
+from jobs.models import Model
 from jobs.requests import CHAT, EmbeddingsBody
-from jobs.settings import Settings
+from workers.residency import Residency, Resident
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -48,7 +49,10 @@ def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(minilm, minilm_engi
     from workers.embedding_engine import BATCH
     from workers.runners import EmbeddingRunner
 
-    runner = EmbeddingRunner(minilm_engine, minilm, 100)
+    residency = Residency(cast(Context, None), loader=refuse_loads)
+    residency.hold(Resident(Model(name=MODEL, version="1", kind="embeddings", files=[]), 0,
+                            inputs=minilm, engine=minilm_engine), "configured")
+    runner = EmbeddingRunner(lambda name: residency.embedder(name, "1"), 100)
     rows = [row("a", input="hello"), row("b", input=[99999]),
             {"custom_id": "c", "body": orjson.dumps({"model": "bge-small", "input": "hi"})},
             row("d", input=[101, 7592])]
@@ -63,28 +67,44 @@ def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(minilm, minilm_engi
     assert "no worker serves model 'bge-small'" in other["body"]["error"]["message"]
 
 
-def lazy_chat(chat_model: str) -> Any:
-    """The worker's chat model holder; a refusal must come before any load, so it is
-    given no database or store (a load would fail on them)."""
-    from workers.worker_runtime import LazyGenerationEngine
+def refuse_loads(m: Model) -> Resident:
+    raise AssertionError(f"{m.name} must not be loaded")
 
-    st = Settings(database_url="", redis_url="", object_store_url="", chat_model=chat_model)
-    return LazyGenerationEngine(cast(Context, None), st)
+
+def chat_residency(chat_model: str) -> tuple[Residency, Resident | None]:
+    """A worker's residency holding ``chat_model`` (none for ""), whose engine is never
+    built: a refusal must come before any load. It is given no database or store (a
+    load would fail on them)."""
+    residency = Residency(cast(Context, None), loader=refuse_loads)
+    if not chat_model:
+        return residency, None
+
+    def never() -> Any:
+        raise AssertionError("the chat model must not be loaded")
+
+    res = Resident(Model(name=chat_model, version="1", kind="chat", files=[]), 0, chat=never)
+    residency.hold(res, "configured")
+    return residency, res
 
 
 @pytest.mark.parametrize("held", ["", "SmolLM2-135M-Instruct"])
 def test_chat_for_a_model_not_held_is_refused_without_loading(held: str) -> None:
-    chat = lazy_chat(held)
-    with pytest.raises(ModelNotLoaded, match="^no worker serves model 'other-chat'"):
-        chat.get("other-chat")
-    assert chat.loaded is None
+    residency, res = chat_residency(held)
+    for version in (None, "1"):
+        with pytest.raises(ModelNotLoaded, match="^no worker serves model 'other-chat"):
+            residency.chat("other-chat", version)
+    if held:
+        with pytest.raises(ModelNotLoaded, match=f"^no worker serves model '{held}'"):
+            residency.chat(held, "2")  # another version of the name it holds
+        assert res is not None and res.generation is None
 
 
 def test_generation_batch_rows_for_a_model_not_held_get_error_lines() -> None:
     from workers.embedding_engine import BATCH
     from workers.runners import GenerationRunner
 
-    runner = GenerationRunner(lazy_chat("").get, CHAT)
+    residency, _ = chat_residency("")
+    runner = GenerationRunner(lambda name: residency.chat(name, None), CHAT)
     rows = [{"custom_id": "g", "body": orjson.dumps(
         {"model": "other-chat", "messages": [{"role": "user", "content": "hi"}]})}]
     ok, err, n_ok, n_err, _ = runner.collect(runner.submit(rows, BATCH))

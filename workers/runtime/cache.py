@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs import registry
 from jobs.context import Context
 from jobs.models import Model
 from jobs.registry import check_file_path
@@ -106,18 +105,6 @@ def _fetch(ctx: Context, model: Model, f: dict[str, Any], root: Path) -> None:
     if n != int(f["bytes"]) or h.hexdigest() != f["sha256"]:
         raise CorruptModelFile(f"{model.name}/{model.version}: {f['path']} does not match its "
                                f"manifest ({n} bytes, sha256 {h.hexdigest()[:12]}…)")
-
-
-def registered(ctx: Context, name: str, kind: str) -> tuple[Model, Path] | None:
-    """The default version of ``name`` in the registry and its local copy; None when
-    the name is not registered. What a worker loads: the registry's row tells the
-    kind and context length, the directory holds the files."""
-    m = registry.get_default(ctx, name)
-    if m is None:
-        return None
-    if m.kind != kind:
-        raise ValueError(f"{name} is a {m.kind} model, not {kind}")
-    return m, local_dir(ctx, m)
 
 
 def local_dir(ctx: Context, model: Model) -> Path:

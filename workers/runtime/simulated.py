@@ -37,6 +37,7 @@ from workers.runtime.token_count import load_tokenizer
 
 if TYPE_CHECKING:
     from jobs.context import Context
+    from jobs.models import Model
     from jobs.settings import Settings
 
 ACCELERATOR = "simulated"  # what heartbeats and logs call a simulated worker's device
@@ -62,6 +63,14 @@ class Profile:
     decode_row_us: float
     prefill_token_us: float
     source: str  # where the numbers come from
+    # Loading a model version (a cold start): a fixed cost plus its bytes at this rate.
+    load_s: float = 0.5
+    load_mb_per_s: float = 1000.0
+
+    def load_seconds(self, size_bytes: int) -> float:
+        """What loading a model version of ``size_bytes`` costs (reading its files and
+        moving them to the device)."""
+        return self.load_s + size_bytes / (self.load_mb_per_s * 1e6)
 
     def embed_seconds(self, rows: int, width: int) -> float:
         """What one forward pass over ``rows`` rows padded to ``width`` tokens costs."""
@@ -160,20 +169,18 @@ class SimulatedEmbeddingModel(EmbeddingInputs):
         return np.stack([unit_vector(ids, self.dim) for ids in batch])
 
 
-def load_embedding_model(settings: Settings, ctx: Context) -> SimulatedEmbeddingModel:
-    """The worker's embedding model on the simulated accelerator, as its registry row
-    describes it: its tokenizer files are fetched (never its weights), and its size
-    and vocabulary read from its ``config.json``."""
+def load_version(settings: Settings, ctx: Context, m: Model,
+                 sleep: Any = time.sleep) -> SimulatedEmbeddingModel:
+    """An embedding model version on the simulated accelerator, as its registry row
+    describes it: its tokenizer files are fetched (never its weights), its size and
+    vocabulary read from its ``config.json``, and the load costs what the profile says
+    for its bytes."""
     prof = profile(settings.simulated_profile)
-    name = settings.embedding_model
-    m = registry.get_default(ctx, name)
-    if m is None:
-        raise RuntimeError(f"the embedding model {name!r} is not registered: run "
-                           "`inferq models import` first")
     if m.kind != EMBEDDINGS_KIND:
-        raise RuntimeError(f"{name} is a {m.kind} model, not {EMBEDDINGS_KIND}")
+        raise ValueError(f"{m.name} is a {m.kind} model, not {EMBEDDINGS_KIND}")
     from workers.runtime import cache
 
+    sleep(prof.load_seconds(registry.total_bytes(m)))
     return from_directory(m.name, cache.tokenizer_dir(ctx, m), m.context_length, prof,
                           fault_oom_above_tokens=settings.fault_oom_above_tokens,
                           fault_fail=settings.fault_model_fails)

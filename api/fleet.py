@@ -1,0 +1,75 @@
+"""/v1/organization/models: rollouts and warm pools of model versions, and where each is
+resident (inferq extensions of the Admin API; admin keys only)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from flask import Blueprint
+from pydantic import BaseModel, ConfigDict, Field
+
+from api import context
+from api.schemas import json_body
+from jobs import registry, rollout
+from jobs.requests import parse_model
+
+bp = Blueprint("fleet", __name__)
+
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class RolloutStep(BaseModel):
+    """One step: a canary ``weight`` and/or ``shadow`` share for ``version``, or an
+    ``action``: ``promote`` (the version becomes the default, every canary and shadow
+    of the name cleared) or ``rollback`` (of ``version``; of every canary and shadow
+    when no version is given)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(default=None, max_length=64)
+    weight: Share | None = None
+    shadow: Share | None = None
+    action: Literal["promote", "rollback"] | None = None
+
+
+class PoolBody(BaseModel):
+    """A version's warm pool: copies kept resident, and the idle time after which an
+    extra copy is unloaded (null: never)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_resident: Annotated[int, Field(strict=True, ge=0, le=10_000)] | None = None
+    idle_unload_s: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = None
+
+
+@bp.get("/models")
+def list_() -> Any:
+    ctx = context()
+    names = sorted({m.name for m in registry.all_versions(ctx)}, key=lambda n: (n.lower(), n))
+    return {"object": "list", "data": [rollout.status(ctx, n) for n in names]}
+
+
+@bp.get("/models/<name>/rollout")
+def get(name: str) -> Any:
+    return rollout.status(context(), name)
+
+
+@bp.post("/models/<name>/rollout")
+def step(name: str) -> Any:
+    ctx = context()
+    rollout.status(ctx, name)  # 404 first for a name that does not exist
+    body = parse_model(RolloutStep, json_body())
+    return rollout.change(ctx, name, body.version, body.weight, body.shadow,
+                          promote=body.action == "promote",
+                          rollback=body.action == "rollback")
+
+
+@bp.post("/models/<name>/versions/<version>/pool")
+def pool(name: str, version: str) -> Any:
+    ctx = context()
+    rollout.status(ctx, name)
+    raw = json_body()
+    body = parse_model(PoolBody, raw)
+    keep = isinstance(raw, dict) and "idle_unload_s" in raw and raw["idle_unload_s"] is None
+    return rollout.set_pool(ctx, name, version, body.min_resident, body.idle_unload_s,
+                            keep_forever=keep)
