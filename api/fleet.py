@@ -5,15 +5,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from flask import Blueprint
+from flask import Blueprint, request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import context
 from api.schemas import json_body
 from jobs import registry, rollout
+from jobs.errors import NotFound, shown
 from jobs.requests import parse_model
 
 bp = Blueprint("fleet", __name__)
+
+
+@bp.before_request
+def _check_path_ids() -> None:
+    """A name or version no model can have is a 404 before any lookup."""
+    for arg in ("name", "version"):
+        value = (request.view_args or {}).get(arg)
+        if value is not None and not registry.valid_segment(value):
+            raise NotFound(f"The model {shown(value)} does not exist", param="model",
+                           code="model_not_found")
 
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
 

@@ -260,6 +260,7 @@ class JobObject(Out):
     error: dict[str, Any] | None
     callback_url: str | None
     attempts: int
+    model_version: str | None  # the version it was routed to (a canary's, or the default)
 
 
 class VersionResidency(Out):

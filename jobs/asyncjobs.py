@@ -177,5 +177,6 @@ def job_object(job: Job) -> dict[str, Any]:
     return {"id": job.id, "object": "job", "endpoint": job.endpoint, "status": job.status,
             "created_at": job.created_at, "started_at": job.started_at,
             "completed_at": job.completed_at, "result": job.result, "error": job.error,
-            "callback_url": job.callback_url, "attempts": job.attempt}
+            "callback_url": job.callback_url, "attempts": job.attempt,
+            "model_version": job.model_version}
 

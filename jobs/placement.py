@@ -55,9 +55,15 @@ def placing_key(model_ref: str) -> str:
     return PLACING + model_ref
 
 
-def placed(r: redis.Redis, model_ref: str) -> None:
-    """A placement of ``model_ref`` ended (loaded or refused): another may start."""
-    r.delete(placing_key(model_ref))
+def pool_key(model_ref: str, worker: str) -> str:
+    """A warm pool's load of ``model_ref`` sent to ``worker`` and not done yet."""
+    return f"{PLACING}{model_ref}|{worker}"
+
+
+def placed(r: redis.Redis, model_ref: str, worker: str = "") -> None:
+    """A load of ``model_ref`` on ``worker`` ended (loaded or refused): another placement
+    may start."""
+    r.delete(placing_key(model_ref), pool_key(model_ref, worker))
 
 
 def record_load(r: redis.Redis, worker: str, model_ref: str, reason: str,
@@ -235,7 +241,8 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
     for name, version, minimum, idle_s, files in pools:
         ref = registry.ref(name, version)
         copies = holders(beats, ref)
-        pending = [b for b in beats if ref in loading(b)]
+        pending = [b for b in beats if ref in loading(b) and b not in copies
+                   or r.exists(pool_key(ref, str(b["name"])))]
         missing = minimum - len(copies) - len(pending)
         size = sum(int(f["bytes"]) for f in files)
         candidates = [b for b in beats if b not in copies and b not in pending]
@@ -243,6 +250,7 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
             choice = choose(candidates, ref, size)
             if choice is None:
                 break
+            r.set(pool_key(ref, choice.worker), b"1", ex=PLACING_TTL_S)
             send(r, choice.worker, "load", ref, "warm_pool")
             sent.append(("load", choice.worker, ref))
             candidates = [b for b in candidates if b["name"] != choice.worker]

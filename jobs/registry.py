@@ -101,6 +101,11 @@ def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
                  for p in re.split(r"[._-]", version))
 
 
+def valid_segment(value: str, limit: int = 200) -> bool:
+    """Whether ``value`` can be a model name or version."""
+    return bool(_SEGMENT.fullmatch(value)) and len(value) <= limit
+
+
 def _check_segment(what: str, value: str, limit: int) -> None:
     if not _SEGMENT.fullmatch(value) or len(value) > limit:
         raise ValueError(f"invalid model {what} {value!r}: use letters, digits, '.', '_' "

@@ -292,7 +292,7 @@ class Commands(threading.Thread):
             log.warning("could not load %s: %s", ref, e)
             self.failed(ref, e)
         finally:
-            placement.placed(self.r, ref)
+            placement.placed(self.r, ref, self.residency.worker)
 
     def failed(self, ref: str, e: Exception) -> None:
         try:

@@ -89,6 +89,10 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("GET", "/v1/organization/usage/completions"): "usage.completions",
     ("GET", "/v1/organization/usage/embeddings"): "usage.embeddings",
     ("GET", "/v1/organization/costs"): "usage.costs",
+    ("GET", "/v1/organization/models"): "fleet.list_",
+    ("GET", "/v1/organization/models/<name>/rollout"): "fleet.get",
+    ("POST", "/v1/organization/models/<name>/rollout"): "fleet.step",
+    ("POST", "/v1/organization/models/<name>/versions/<version>/pool"): "fleet.pool",
 }
 
 
@@ -333,7 +337,8 @@ def ids(app, tenant_key, other_tenant_key) -> dict[str, str]:  # type: ignore[no
             "model_id": "batch_" + "0" * 20, "other_list_item": bid,
             "asset": "no-such-asset.js",  # the dashboard's files: one it does not have
             # the admin key sees every project: an id of none
-            "project_id": "proj_" + "0" * 26}
+            "project_id": "proj_" + "0" * 26,
+            "name": "no-such-model-" + "0" * 8}  # models are the service's: one it lacks
 
 
 def test_the_table_covers_every_route(app) -> None:  # type: ignore[no-untyped-def]

@@ -135,6 +135,41 @@ def test_admin_commands_find_the_stack(up: Up) -> None:
     assert "all-MiniLM-L6-v2" in [m.id for m in sdk.models.list()]
 
 
+def test_models_rollout_and_pool(up: Up) -> None:
+    """A canary weight, the status, a rollback and a warm pool through the CLI, with
+    the error paths a user meets; everything set back at the end."""
+    name = "all-MiniLM-L6-v2"
+    up.ok("models", "derive", name, "--from", "1", "--version", "cli8", "--precision", "int8")
+    try:
+        out = up.ok("models", "rollout", name, "--version", "cli8", "--weight", "10")
+        rows = {x.split()[0].lstrip("*"): x.split() for x in out.splitlines()[2:] if x.strip()}
+        assert rows["cli8"][1] == "10.0%", out
+        status = up.ok("models", "rollout", name)
+        assert "90.0%" in status and "10.0%" in status, status
+        first = [x for x in status.splitlines() if x.startswith("* 1 ")]
+        assert first and first[0].rstrip().split()[-1] != "-", status  # resident on a worker
+        listed = up.ok("models", "list")
+        assert any(" cli8 " in x and "10%" in x for x in listed.splitlines()), listed
+        for args, words in (
+                (["--weight", "10"], ["a version is required"]),
+                (["--version", "nope", "--weight", "5"], ["has no version 'nope'"]),
+                (["--version", "1", "--weight", "5"], ["is the default version"]),
+                (["--version", "cli8", "--promote", "--rollback"], ["give one step"])):
+            one_line_error(up.run("models", "rollout", name, *args), *words)
+        one_line_error(up.run("models", "rollout", "no-such-model"), "does not exist")
+        p = up.run("models", "rollout", name, "--version", "cli8", "--weight", "500")
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        pool = up.ok("models", "pool", name, "1", "--min", "1", "--idle-unload", "600")
+        assert any(x.startswith("* 1 ") and " 1   600s " in x for x in pool.splitlines()), pool
+        p = up.run("models", "pool", name, "1")
+        assert p.returncode == 2 and "give --min" in p.stderr, p.stderr
+        one_line_error(up.run("models", "pool", name, "nope", "--min", "1"), "no version")
+    finally:
+        back = up.ok("models", "rollout", name, "--rollback")
+        assert "100.0%" in back, back
+        up.ok("models", "pool", name, "1", "--min", "0", "--keep")
+
+
 def test_database_commands_need_only_the_database_url(up: Up, tmp_path: Path) -> None:
     db = json.loads((up.data_dir / "stack.json").read_text())["database_url"]
     elsewhere = {"INFERQ_DATA_DIR": str(tmp_path / "no-stack-here"), "INFERQ_DATABASE_URL": db}

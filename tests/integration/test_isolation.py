@@ -56,6 +56,10 @@ COVERED = {
 # Routes with an id that belongs to no project, and why.
 NOT_PROJECT_OBJECTS = {
     ("GET", "/v1/models/<path:model_id>"): "models are the service's, served to every project",
+    ("GET", "/v1/organization/models/<name>/rollout"): "models are the service's",
+    ("POST", "/v1/organization/models/<name>/rollout"): "models are the service's",
+    ("POST", "/v1/organization/models/<name>/versions/<version>/pool"):
+        "models are the service's",
     ("GET", "/dashboard/static/<path:asset>"): "the dashboard's own files, the same for all",
     # The admin key administers every project: a project id is its own scope.
     ("GET", f"{ORG}/<project_id>"): "the project itself",

@@ -208,7 +208,16 @@ def test_a_canary_its_rollback_a_pinned_batch_and_a_shadow(
     with ThreadPoolExecutor(8) as pool:
         got = Counter(pool.map(lambda i: embed(fsdk, A, f"canary {i}"), range(1000)))
     assert abs(got["2"] - 50) <= 30 and got["1"] + got["2"] == 1000, got
-    until(lambda: served(r, wb["name"]).get(f"{A}@2", 0) - before == got["2"], timeout=20)
+    jobs = [fsdk.post("/jobs", cast_to=object, body={
+        "endpoint": "/v1/embeddings", "body": {"model": A, "input": f"job {i}"}})
+        for i in range(100)]  # jobs take the canary's share too
+    to_canary = sum(j["model_version"] == "2" for j in jobs)
+    assert abs(to_canary - 5) <= 1 and {j["model_version"] for j in jobs} == {"1", "2"}
+    for j in jobs:
+        until(lambda j=j: fsdk.get(f"/jobs/{j['id']}", cast_to=object)["status"]
+              == "completed")
+    until(lambda: served(r, wb["name"]).get(f"{A}@2", 0) - before == got["2"] + to_canary,
+          timeout=30)
 
     t0 = time.monotonic()
     assert admin.post(f"/models/{A}/rollout",
@@ -265,3 +274,37 @@ def test_rollout_steps_that_do_not_hold_together_are_400(fleet: dict[str, Any]) 
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     bad_pool = admin.post(f"/models/{A}/versions/1/pool", json={"min_resident": -1})
     assert bad_pool.status_code == 400
+
+
+def test_warm_pools_keep_their_copies_and_unload_idle_extras(
+        fstack: Any, fsdk: Any, workers: Any, fleet: dict[str, Any]) -> None:
+    r, admin = fleet["ctx"].redis, fleet["admin"]
+    wa, wb = start(fstack, workers, fleet, 2, w0=A, w1=B)
+    got = admin.post(f"/models/{C}/versions/1/pool", json={"min_resident": 2})
+    assert got.status_code == 200, got.text
+    assert until(lambda: sorted(placement.where(r).get(f"{C}@1", [])) == sorted(
+        [wa["name"], wb["name"]]))
+    assert placement.load_counts(r)[f"{C}@1"].get("warm_pool", 0) >= 2
+    # One worker goes (SIGKILL: scale-in, or a crash) and another comes: the pool is
+    # made whole again on the newcomer.
+    gone = next(p for name, p in fstack.procs.items() if name == f"worker-fl1-{SFX}")
+    gone.kill()
+    gone.wait()
+    until(lambda: wb["name"] not in {b["name"] for b in live_workers(r, "realtime")})
+    assert placement.where(r).get(f"{C}@1") == [wa["name"]]
+    new = workers(f"fl2-{SFX}", LANES, **SIM, INFERQ_MODEL_MEMORY_MB=fleet["budget"],
+                  INFERQ_EMBEDDING_MODEL=D)
+    until(lambda: len(placement.where(r).get(f"{C}@1", [])) == 2, timeout=90)
+    assert any(_parent(b) == new.pid for b in live_workers(r, "realtime")
+               if f"{C}@1" in b["resident"])
+
+    # Idle extras: D's only copy, unused for 2 s, goes; C stays at its minimum.
+    got = admin.post(f"/models/{D}/versions/1/pool", json={"idle_unload_s": 2})
+    assert got.status_code == 200 and got.json()["versions"][0]["idle_unload_s"] == 2
+    until(lambda: f"{D}@1" not in placement.where(r), timeout=30)
+    assert len(placement.where(r)[f"{C}@1"]) == 2
+    assert embed(fsdk, D, "back again") == "1"  # placed again on request
+    kept = admin.post(f"/models/{C}/versions/1/pool", json={"min_resident": 0,
+                                                            "idle_unload_s": None})
+    assert kept.json()["versions"][0] == {**kept.json()["versions"][0], "min_resident": 0,
+                                          "idle_unload_s": None}
