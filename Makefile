@@ -60,6 +60,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.chaos
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.webhooks
+	$(BIN)/python -m bench.admission
+	$(BIN)/python -m bench.planner
+	$(BIN)/python -m bench.scaling
+	$(BIN)/python -m bench.precision
+	$(BIN)/python -m bench.placement
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -75,6 +75,16 @@ class Resident:
         gen = self.generation
         return sum(gen.load()) if gen is not None else 0
 
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the work already on this version's engine is done (no new work
+        reaches it once it is unloaded); False if some is left after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
@@ -211,6 +221,8 @@ class Residency:
 
         metrics.MODEL_UNLOADS.labels(model_ref, reason).inc()
         self._changed()  # no new work for it from here on
+        if not res.drain():
+            log.warning("%s unloaded with work still on its engine", model_ref)
         res.stop()
         log.info("unloaded %s (%s)", model_ref, reason)
         return True

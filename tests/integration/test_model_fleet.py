@@ -194,6 +194,18 @@ def test_a_version_nobody_holds_is_loaded_once_where_there_is_room(
     assert len(refs) == 2 and f"{E}@1" in refs and evicted not in refs
     assert evicted not in placement.where(r)
 
+    # A batch for the evicted version: placed again, its shard consumed from the
+    # version's own queue once the worker holds it.
+    name = evicted.split("@")[0]
+    placed_before = placement.load_counts(r).get(evicted, {}).get("placement", 0)
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(
+        [emb_line(i, f"placed {i}", model=name) for i in range(10)])).id,
+        endpoint="/v1/embeddings", completion_window="24h")
+    done = wait(fsdk, b.id, timeout=120)
+    assert (done.status, done.request_counts.completed) == ("completed", 10), done
+    assert placement.load_counts(r)[evicted].get("placement", 0) == placed_before + 1
+    assert evicted in placement.where(r)
+
 
 def test_a_canary_its_rollback_a_pinned_batch_and_a_shadow(
         fstack: Any, fsdk: Any, workers: Any, fleet: dict[str, Any]) -> None:
