@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, poisson_arrivals, report
+from bench.common import Poster, free_port, poisson_arrivals, report
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = ("Queueing theory describes how requests wait for servers: arrivals come at random, "
@@ -49,33 +49,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-class Caller:
-    """POST /v1/embeddings on a keep-alive connection per thread."""
+class Caller(Poster):
+    """POST /v1/embeddings of one fixed text."""
 
     def __init__(self, port: int, key: str, text: str = TEXT) -> None:
-        self.port, self.key = port, key
-        self.local = threading.local()
+        super().__init__(port, key)
         self.body = json.dumps({"model": MODEL, "input": text, "encoding_format": "float"})
 
     def __call__(self) -> int:
-        for attempt in range(2):
-            conn = getattr(self.local, "conn", None)
-            if conn is None:
-                conn = self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port,
-                                                                    timeout=120)
-            try:
-                conn.request("POST", "/v1/embeddings", self.body,
-                             {"Authorization": f"Bearer {self.key}",
-                              "Content-Type": "application/json"})
-                resp = conn.getresponse()
-                resp.read()
-                return resp.status
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                self.local.conn = None
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        return self.post("/v1/embeddings", self.body)[0]
 
 
 def closed_loop(call: Callable[[], int], concurrency: int, seconds: float) -> float:

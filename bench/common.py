@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import platform
 import random
 import socket
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,33 @@ from rich.markup import escape
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Poster:
+    """POST a JSON body to the API on a keep-alive connection per thread (one retry on
+    a connection the server closed); returns the status and the body."""
+
+    def __init__(self, port: int, key: str) -> None:
+        self.port, self.key = port, key
+        self.local = threading.local()
+
+    def post(self, path: str, body: str) -> tuple[int, bytes]:
+        for attempt in range(2):
+            conn = getattr(self.local, "conn", None)
+            if conn is None:
+                conn = self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port,
+                                                                    timeout=120)
+            try:
+                conn.request("POST", path, body, {"Authorization": f"Bearer {self.key}",
+                                                  "Content-Type": "application/json"})
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self.local.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
 
 def free_port() -> int:

@@ -27,7 +27,6 @@ goes to 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import random
 import tempfile
@@ -37,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, report, spread
+from bench.common import Poster, free_port, report, spread
 
 MODELS = ("m1", "m2", "m3")
 TEXT = "A request for one of several models, served where that model is resident."
@@ -48,32 +47,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-class Caller:
-    """POST /v1/embeddings on a keep-alive connection per thread."""
-
-    def __init__(self, port: int, key: str) -> None:
-        self.port, self.key = port, key
-        self.local = threading.local()
+class Caller(Poster):
+    """POST /v1/embeddings of the fixed text for one of the models."""
 
     def __call__(self, model: str) -> tuple[int, bytes]:
-        body = json.dumps({"model": model, "input": TEXT, "encoding_format": "float"})
-        for attempt in range(2):
-            conn = getattr(self.local, "conn", None)
-            if conn is None:
-                conn = self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port,
-                                                                    timeout=120)
-            try:
-                conn.request("POST", "/v1/embeddings", body,
-                             {"Authorization": f"Bearer {self.key}",
-                              "Content-Type": "application/json"})
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                self.local.conn = None
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        return self.post("/v1/embeddings", json.dumps(
+            {"model": model, "input": TEXT, "encoding_format": "float"}))
 
 
 def schedule(args: argparse.Namespace) -> list[tuple[float, str]]:

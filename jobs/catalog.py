@@ -9,8 +9,6 @@ so a request never costs a registry query of its own.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -68,29 +66,17 @@ def load(ctx: Context) -> Catalog:
     return Catalog(ModelInfo(m.name, m.kind) for m in registry.list_models(ctx))
 
 
-_lock = threading.Lock()
-# database url -> (when read, registry.generation() when read, the snapshot)
-_cache: dict[str, tuple[float, int, Catalog]] = {}
+_snapshots = registry.Snapshots(load, TTL_S)
 
 
 def cached(ctx: Context, ttl_s: float = TTL_S) -> Catalog:
     """``load`` at most once per ``ttl_s`` per database: for per-request validation in
     the API. A model registered by another process is seen within ``ttl_s``; one
     registered by this process, at once."""
-    key = ctx.settings.database_url
-    generation = registry.generation()
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None and hit[1] == generation and time.monotonic() - hit[0] < ttl_s:
-        return hit[2]
-    fresh = load(ctx)
-    with _lock:
-        _cache[key] = (time.monotonic(), generation, fresh)
-    return fresh
+    return _snapshots.get(ctx, ttl_s)
 
 
 def invalidate(ctx: Context) -> None:
     """Forget the cached snapshot (after the registry was changed other than by
     ``registry.register`` in this process)."""
-    with _lock:
-        _cache.pop(ctx.settings.database_url, None)
+    _snapshots.forget(ctx)

@@ -27,10 +27,12 @@ import hashlib
 import itertools
 import json
 import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -51,6 +53,7 @@ _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # latest one (jobs.catalog's cache) is stale.
 _registrations = itertools.count(1)
 _last_registration = 0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,34 @@ def list_models(ctx: Context) -> list[Model]:
 def generation() -> int:
     """How many registrations this process has made; it changes with each one."""
     return _last_registration
+
+
+class Snapshots(Generic[T]):
+    """Something read from the registry (``load(ctx)``), kept per database for at most
+    ``ttl_s``: another process's change is seen within that, one made by this process
+    (a new ``generation``) at once."""
+
+    def __init__(self, load: Callable[[Context], T], ttl_s: float) -> None:
+        self.load, self.ttl_s = load, ttl_s
+        self._lock = threading.Lock()
+        # database url -> (when read, generation() when read, the snapshot)
+        self._cache: dict[str, tuple[float, int, T]] = {}
+
+    def get(self, ctx: Context, ttl_s: float | None = None) -> T:
+        key, gen = ctx.settings.database_url, generation()
+        ttl = self.ttl_s if ttl_s is None else ttl_s
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None and hit[1] == gen and time.monotonic() - hit[0] < ttl:
+            return hit[2]
+        fresh = self.load(ctx)
+        with self._lock:
+            self._cache[key] = (time.monotonic(), gen, fresh)
+        return fresh
+
+    def forget(self, ctx: Context) -> None:
+        with self._lock:
+            self._cache.pop(ctx.settings.database_url, None)
 
 
 def total_bytes(model: Model) -> int:

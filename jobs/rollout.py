@@ -21,7 +21,6 @@ version within that time; one made by this process, at once.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,22 +71,13 @@ def load(ctx: Context) -> dict[str, Plan]:
     return out
 
 
-_lock = threading.Lock()
-_cache: dict[str, tuple[float, int, dict[str, Plan]]] = {}
+_snapshots = registry.Snapshots(load, TTL_S)
 
 
 def plans(ctx: Context, ttl_s: float = TTL_S) -> dict[str, Plan]:
     """``load`` at most once per ``ttl_s`` per database, at once after this process
     changed the registry."""
-    key, gen = ctx.settings.database_url, registry.generation()
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None and hit[1] == gen and time.monotonic() - hit[0] < ttl_s:
-        return hit[2]
-    fresh = load(ctx)
-    with _lock:
-        _cache[key] = (time.monotonic(), gen, fresh)
-    return fresh
+    return _snapshots.get(ctx, ttl_s)
 
 
 @dataclass
