@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 
 import redis
 
-from jobs import asyncjobs, realtime, service, stats
+from jobs import asyncjobs, realtime, registry, service, stats
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.dispatch import QUEUES
@@ -77,8 +77,9 @@ def _keys(r: redis.Redis, pattern: str) -> set[str]:
 def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     """Messages waiting on each lane's Redis lists: the Celery queues of control, batch
     and flex (every priority, every model version's queue of a lane summed), the jobs
-    lists (summed) and each realtime list, by its model version (those live workers
-    hold are listed even when empty). One pipeline of LLENs and a few SCANs."""
+    lists (summed) and the realtime lists of each model (its versions' summed; those
+    live workers hold are listed even when empty). One pipeline of LLENs and a few
+    SCANs."""
     rt_keys = sorted(_keys(r, realtime.QUEUE + ":*")
                      | {realtime.queue_for(m) for w in realtime.live_workers(r, "realtime")
                         for m in w.get("resident", w.get("models", []))})
@@ -101,8 +102,11 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
         del lengths[:n]
     out.append(QueueDepth("jobs", None, sum(lengths[:len(job_keys)])))
     del lengths[:len(job_keys)]
-    out += [QueueDepth("realtime", k[len(realtime.QUEUE) + 1:], length)
-            for k, length in zip(rt_keys, lengths, strict=True)]
+    by_model: dict[str, int] = {}  # a model's versions' lists and its name's, summed
+    for k, length in zip(rt_keys, lengths, strict=True):
+        name = registry.split_ref(k[len(realtime.QUEUE) + 1:])[0]
+        by_model[name] = by_model.get(name, 0) + int(length)
+    out += [QueueDepth("realtime", name, n) for name, n in by_model.items()]
     return sorted(out, key=lambda d: (stats.LANE_ORDER.index(d.lane), d.model or ""))
 
 

@@ -132,14 +132,14 @@ def test_a_late_writer_never_replaces_a_committed_part(pctx: Context) -> None:
     try:
         with ThreadPoolExecutor(1) as pool:
             # The first worker claims the shard and computes chunk 0 (rows 0-3) ...
-            first = pool.submit(process_shard, ctx_late, lambda _: late, sid, "late")
+            first = pool.submit(process_shard, ctx_late, lambda *_: late, sid, "late")
             assert late.collecting.wait(30), "the first worker never reached its chunk"
             # ... while its lease lapses (a long pause: GC, a stalled network) ...
             with pctx.db.session() as s:
                 s.execute(update(Shard).where(Shard.id == sid)
                           .values(lease_expires_at=time.time() - 1))
             # ... and another worker, with chunks of 3 rows, claims and finishes it.
-            res = process_shard(ctx_holder, lambda _: holder, sid, "holder")
+            res = process_shard(ctx_holder, lambda *_: holder, sid, "holder")
             assert (res.outcome, res.finalize) == (ShardOutcome.DONE, True)
             # Only now does the first worker write chunk 0; its checkpoint is fenced.
             assert late.hold is not None
@@ -174,7 +174,7 @@ def test_a_missing_committed_part_fails_the_batch(pctx: Context) -> None:
     batch_id, sid = make_batch(pctx)
     wctx = worker_ctx(pctx, 4)
     try:
-        res = process_shard(wctx, lambda _: ScriptedRunner("w", 1), sid, "w")
+        res = process_shard(wctx, lambda *_: ScriptedRunner("w", 1), sid, "w")
     finally:
         wctx.close()
     assert res.outcome == ShardOutcome.DONE
