@@ -3,8 +3,9 @@ by the lanes for each request, loaded and unloaded on command, reported in the
 heartbeat.
 
 A resident version is ``name@version`` with its engine: an embedding engine over its
-model, or a generation engine (a chat model is loaded on its first request, as the
-operator configured: ``INFERQ_PRELOAD_CHAT_MODEL`` loads it at start). Its size is
+model, or a generation engine (a chat model the worker is configured with is loaded
+on its first request, unless ``INFERQ_PRELOAD_CHAT_MODEL``; one placed on it is loaded
+at once). Its size is
 the bytes of its files (the registry's manifest), what the budget
 (``INFERQ_MODEL_MEMORY_MB``, 0: no limit) is counted in. Loading a version over the
 budget first unloads the least recently used versions until it fits.
@@ -189,6 +190,8 @@ class Residency:
             t0 = time.perf_counter()
             try:
                 res = self.loader(m)
+                if res.chat is not None and reason != "configured":
+                    res.generator()  # placed: its weights now, not at its first request
             finally:
                 with self._lock:
                     self._loading.discard(model_ref)
