@@ -282,6 +282,19 @@ def test_rollout_steps_that_do_not_hold_together_are_400(fleet: dict[str, Any]) 
         got = admin.post(f"/models/{B}/rollout", json=body)
         assert got.status_code == 400, (body, got.text)
         assert needle in got.json()["error"]["message"], (body, got.text)
+    hostile = (b'{"version": "1\\u0000", "weight": 0.5}', b'{"version": "1", "weight": 1e999}',
+               b'{"version": "1", "weight": NaN}', b"[1, 2]", b"null", b"{" * 5000,
+               b'{"version": "' + b"9" * 100_000 + b'", "weight": 0.1}', b"\xff\xfe")
+    for raw in hostile:
+        got = admin.post(f"/models/{B}/rollout", content=raw,
+                         headers={"Content-Type": "application/json"})
+        assert got.status_code in (400, 413), (raw[:40], got.text)
+        assert set(got.json()["error"]) == {"message", "type", "param", "code"}
+    for body in ({"min_resident": 10**30}, {"min_resident": 1.5}, {"idle_unload_s": "1"},
+                 {"idle_unload_s": 0}, {"min_resident": True}):
+        got = admin.post(f"/models/{B}/versions/1/pool", json=body)
+        assert got.status_code == 400, (body, got.text)
+    assert admin.post(f"/models/{B}%00/rollout", json={}).status_code == 404
     missing = admin.post("/models/no-such-model/rollout", json={"action": "rollback"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     bad_pool = admin.post(f"/models/{A}/versions/1/pool", json={"min_resident": -1})
