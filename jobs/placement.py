@@ -148,12 +148,16 @@ def send(r: redis.Redis, worker: str, op: str, model_ref: str, reason: str) -> N
 
 def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
     """Have ``model_ref`` resident on a live worker of ``lane``: True when one holds it
-    or is loading it, a placement of it is in progress, or a load was sent now; False
-    when it is not registered or no worker has room for it."""
+    or is loading it, a placement of it is in progress, a load was sent now, or no
+    worker of the lane is live to decide on (its work waits on the version's queue,
+    never rerouted by a heartbeat that is late); False when it is not registered, its
+    last load failed, or no live worker has room for it."""
     from jobs.realtime import live_workers
 
     r = ctx.redis
     beats = live_workers(r, lane)
+    if not beats:  # none to decide on now (restarting, or a heartbeat late): it waits
+        return True  # on its version's queue; the next send or sweep places it
     if any(model_ref in resident(b) or model_ref in loading(b) for b in beats):
         return True
     if (placing := r.get(placing_key(model_ref))) is not None:

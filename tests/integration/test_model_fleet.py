@@ -253,7 +253,8 @@ def test_a_canary_its_rollback_a_pinned_batch_and_a_shadow(
     done = wait(fsdk, b.id, timeout=180)
     assert done.status == "completed" and done.request_counts.completed == rows
     assert done.model_version == "1"  # type: ignore[attr-defined]
-    until(lambda: served(r, wa["name"])[f"{A}@1"] - v1 == rows, timeout=20)
+    # (more when a shard's lease lapsed under load and rows were computed again)
+    until(lambda: served(r, wa["name"])[f"{A}@1"] - v1 >= rows, timeout=20)
     assert served(r, wb["name"])[f"{A}@2"] == v2  # nothing of the batch ran on 2
     assert embed(fsdk, A, "promoted") == "2"
 
