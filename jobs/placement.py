@@ -207,12 +207,6 @@ def load_failed(ctx: Context, model_ref: str, message: str) -> None:
         fairshare.send(ctx, ids)
 
 
-def failure(r: redis.Redis, model_ref: str) -> str | None:
-    """Why the last load of ``model_ref`` failed, within ``FAILED_TTL_S``."""
-    got = r.get(FAILED + model_ref)
-    return got.decode() if isinstance(got, bytes) else got
-
-
 # Warm pools ------------------------------------------------------------------------------
 
 

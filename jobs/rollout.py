@@ -132,12 +132,6 @@ def route(ctx: Context, name: str) -> Route:
     return _router.route(plans(ctx).get(name))
 
 
-def default_version(ctx: Context, name: str) -> str | None:
-    """The version a batch for ``name`` is pinned to."""
-    plan = plans(ctx).get(name)
-    return plan.default if plan else None
-
-
 # What an operator sees and changes ----------------------------------------------------------
 
 

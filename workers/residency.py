@@ -162,9 +162,6 @@ class Residency:
     def used_bytes(self) -> int:
         return sum(r.bytes for r in self.residents())
 
-    def busy(self) -> int:
-        return sum(r.busy() for r in self.residents())
-
     # Loads and unloads ----------------------------------------------------------------
 
     def load(self, model_ref: str, reason: str) -> Resident:
