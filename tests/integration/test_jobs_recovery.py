@@ -35,14 +35,15 @@ def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> N
                            {"model": "all-MiniLM-L6-v2", "input": "hello"})
     with jctx.db.session() as s:
         assert s.get(Job, job.id).status == "queued"  # stored before acknowledged
-    assert jctx.redis.lrem(asyncjobs.QUEUE, 0, job.id) == 1  # "worker A" pops it
+    queue = asyncjobs.queue_for(asyncjobs.job_ref(job))  # no live worker: its version's
+    assert jctx.redis.lrem(queue, 0, job.id) == 1  # "worker A" pops it
     first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=0.5)
     assert [j.id for j in first] == [job.id] and first[0].attempt == 1
     assert asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30) == []  # leased
     with jctx.db.session() as s:  # worker A died; its lease runs out
         s.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=0))
     assert job.id in asyncjobs.recover(jctx)
-    assert jctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
+    assert jctx.redis.lrange(queue, 0, -1) == [job.id.encode()]
     again = asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30)
     assert [j.attempt for j in again] == [2]
     assert not asyncjobs.complete(jctx, job.id, "token-a", {"late": True}, None)  # fenced
@@ -55,6 +56,7 @@ def test_a_lost_push_is_recovered_when_the_queue_is_empty(jctx: Context,
                                                           tenant: str) -> None:
     job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "lost"})
-    jctx.redis.delete(asyncjobs.QUEUE)  # e.g. Redis lost the list
+    jctx.redis.delete(asyncjobs.queue_for(asyncjobs.job_ref(job)))  # e.g. Redis lost it
+    assert asyncjobs.queued_anywhere(jctx) == 0
     assert job.id not in asyncjobs.recover(jctx, stale_queued_s=60)  # not old yet
     assert job.id in asyncjobs.recover(jctx, stale_queued_s=-1)
