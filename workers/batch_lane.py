@@ -28,12 +28,16 @@ log = logging.getLogger("inferq.batch_lane")
 SHARD_QUEUES = ("batch", "flex")
 
 
-def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], bool]
-              ) -> ShardOutcome:
+def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], bool],
+              queue: str | None = None) -> ShardOutcome:
     """Run the shard from its checkpoint, then send what follows: the batch's finalize
     if it was the last shard, or the shard again if another worker must resume it
     (it keeps its place: still dispatched), and then the lane's next shards by fair
-    dispatch (jobs/fairshare.py), before this message is acknowledged."""
+    dispatch (jobs/fairshare.py), before this message is acknowledged.
+
+    A shard taken from the queue of a version (``queue``) this worker no longer holds
+    (unloaded while its message was on its way here) is sent again, unclaimed: to the
+    workers holding that version, or placed anew (jobs.placement)."""
     from workers import pipeline
 
     ctx = rt.ctx
@@ -42,6 +46,12 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
     logs.bind(project_id=project)
     tracing.annotate({"inferq.project_id": project, "inferq.service_tier": tier})
     lane = lane_for(tier)
+    if model_ref and queue == shard_queue(lane, model_ref) \
+            and model_ref not in rt.resident():
+        fairshare.send(ctx, [shard_id])
+        log.info("shard %s: handed back (%s is no longer held here)", shard_id, model_ref)
+        metrics.SHARDS.labels(lane, ShardOutcome.HANDED_BACK).inc()
+        return ShardOutcome.HANDED_BACK
     with metrics.SHARDS_IN_FLIGHT.labels(lane).track_inprogress():
         result = pipeline.process_shard(ctx, rt.runner_for, shard_id, rt.name,
                                         stop_requested=stop_requested,

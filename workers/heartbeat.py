@@ -34,9 +34,16 @@ class Heartbeat(threading.Thread):
         super().__init__(name="inferq-heartbeat", daemon=True)
         self.r, self.name, self.describe, self.every_s = r, name, describe, every_s
         self.stopping = threading.Event()
+        self._wake = threading.Event()
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Beat now rather than at the next tick: what the worker holds changed, and
+        placement reads it from here."""
+        self._wake.set()
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -46,4 +53,5 @@ class Heartbeat(threading.Thread):
                 realtime.heartbeat(self.r, self.name, info, self.every_s * MISSED_BEATS)
             except Exception as e:  # noqa: BLE001 - a heartbeat must outlive any error
                 log.warning("heartbeat: %s", e)
-            self.stopping.wait(self.every_s)
+            self._wake.wait(self.every_s)
+            self._wake.clear()

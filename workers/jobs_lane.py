@@ -96,6 +96,8 @@ class JobsConsumer(threading.Thread):
         got = r.blpop(queues, timeout=1)
         if got is None:
             return
+        if self.handed_back(cast(bytes, got[0]), cast(bytes, got[1])):
+            return
         more = cast(list[bytes] | None, r.lpop(got[0], self.burst - 1))
         ids = [x.decode() for x in [cast(bytes, got[1]), *(more or [])]]
         jobs = asyncjobs.claim(self.ctx, ids, self.worker, self.token,
@@ -108,6 +110,19 @@ class JobsConsumer(threading.Thread):
             except Exception as e:  # noqa: BLE001 - recorded on the job; the burst goes on
                 log.exception("job %s could not start", job.id)
                 self.finish(job.id, None, failure(e)[1])
+
+    def handed_back(self, queue: bytes, job_id: bytes) -> bool:
+        """A job popped from the list of a version this worker no longer holds (unloaded
+        while the pop was waiting) goes back to the head of that list, unclaimed, for
+        the worker that holds it or is loading it; True when it did."""
+        name = queue.decode()
+        if name == asyncjobs.QUEUE or name in {asyncjobs.queue_for(m)
+                                               for m in self.models.refs()}:
+            return False
+        self.ctx.redis.lpush(name, job_id)  # BLPOP takes from the left: next in line
+        log.info("jobs lane: job %s handed back (%s is no longer held here)",
+                 job_id.decode(), name[len(asyncjobs.queue_for("")):])
+        return True
 
     def start_job(self, job: Job) -> None:
         if job.endpoint == EMBEDDINGS:

@@ -324,8 +324,20 @@ class RealtimeConsumer(threading.Thread):
                 log.warning("realtime lane: %s; retrying", e)
                 time.sleep(1)
                 continue
-            if got is not None:
+            if got is not None and not self.handed_back(got[0], got[1]):
                 self.take(got[1])
+
+    def handed_back(self, queue: bytes | str, raw: bytes | str) -> bool:
+        """A request popped from the queue of a version this worker no longer holds
+        (unloaded while the pop was waiting) goes back to the head of that queue, for
+        the worker that holds it or is loading it; True when it did."""
+        name = queue.decode() if isinstance(queue, bytes) else queue
+        if name == realtime.ANY or name in self.queues:
+            return False
+        self.r.rpush(name, raw)  # BRPOP takes from the right: next in line again
+        log.info("realtime lane: a request for %s handed back (no longer held here)",
+                 name[len(realtime.queue_for("")):])
+        return True
 
     def take(self, raw: bytes | str) -> None:
         """Handle one message; whatever goes wrong is that request's error answer, and

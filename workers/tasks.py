@@ -59,4 +59,5 @@ def process_shard(self: Task, shard_id: str) -> str:
     rt = process.runtime()  # built by the pool child at start; this only looks it up
     process.shard_consumers.hostname = self.request.hostname
     with traced(self, shard_id.rsplit(".", 1)[0], shard_id):
-        return run_shard(rt, shard_id, stop_requested=draining)
+        return run_shard(rt, shard_id, stop_requested=draining,
+                         queue=(self.request.delivery_info or {}).get("routing_key"))

@@ -255,7 +255,16 @@ def _start_lanes(rt: WorkerRuntime) -> None:
         rt.threads.append(JobsConsumer(rt.ctx, rt.residency, rt.name, allow=rt.breaker.allow))
     rt.threads.append(Commands(rt.ctx, rt.name, rt.residency,
                                on_failed=realtime.refuse_waiting if realtime else None))
-    rt.threads.append(Heartbeat(rt.ctx.redis, rt.name, rt.describe, st.worker_heartbeat_s))
+    beat = Heartbeat(rt.ctx.redis, rt.name, rt.describe, st.worker_heartbeat_s)
+    rt.threads.append(beat)
+    announce = rt.residency.on_change
+
+    def changed() -> None:
+        if announce is not None:
+            announce()
+        beat.poke()
+
+    rt.residency.on_change = changed
     rt.threads.append(metrics.history_flusher(rt.ctx.redis))  # the dashboard's latencies
     for t in rt.threads:
         t.start()

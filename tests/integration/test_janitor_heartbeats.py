@@ -75,3 +75,33 @@ def test_missing_heartbeats_are_not_trusted_from_a_redis_that_just_started() -> 
     # Restarted (or its keys expired while it was down): the workers beat again soon.
     assert holders_without_heartbeat(workers, set(), redis_uptime_s=3,
                                      heartbeat_ttl_s=15) == set()
+
+
+def test_a_poked_heartbeat_beats_at_once_and_stops_at_once(hctx: Context) -> None:
+    """What a worker holds changed: its next beat does not wait for the tick (placement
+    reads residency from heartbeats), and stopping does not wait for it either."""
+    from workers.heartbeat import Heartbeat
+
+    held = ["m@1"]
+    beat = Heartbeat(hctx.redis, "poked-worker", lambda: {"resident": list(held)},
+                     every_s=60)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 10
+
+        def resident() -> list[str]:
+            got = [b for b in realtime.heartbeats(hctx.redis) if "resident" in b]
+            return got[0]["resident"] if got else []
+
+        while resident() != ["m@1"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        held.append("m@2")
+        beat.poke()
+        while resident() != ["m@1", "m@2"]:  # long before the 60 s tick
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        beat.stop()
+        beat.join(timeout=10)
+    assert not beat.is_alive()
