@@ -4,6 +4,7 @@ other jobs into engine batches, and recovered if a worker dies holding them."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -16,6 +17,8 @@ from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
 from jobs.requests import EMBEDDINGS, ENDPOINTS, parse_embeddings, parse_generation
 from jobs.status import JobStatus
+
+log = logging.getLogger("inferq.jobs")
 
 QUEUE = "inferq:queue:jobs"  # the prefix of each model version's list
 
@@ -43,6 +46,29 @@ def push(ctx: Context, jobs: list[Job]) -> None:
         ctx.redis.rpush(queue_for(ref) if placed else QUEUE, *ids)
 
 
+def place_waiting(ctx: Context) -> list[str]:
+    """Decide again for every version whose list has jobs waiting (each janitor sweep):
+    one no live jobs worker holds is placed (``jobs.placement.ensure``), and the jobs
+    of one that cannot be had go to the common list, to be refused there. A job pushed
+    while no jobs worker was live, placed on a worker that died before loading, or
+    pushed just before its version's load failed is thus placed or refused within a
+    sweep of a jobs worker being live. Returns the versions whose jobs went to the
+    common list."""
+    r = ctx.redis
+    refused: list[str] = []
+    for key in list(r.scan_iter(match=QUEUE + ":*", count=100)):
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        ref = name[len(QUEUE) + 1:]
+        if "@" not in ref or placement.ensure(ctx, ref, "jobs"):
+            continue
+        n = 0
+        while r.lmove(name, QUEUE, "LEFT", "RIGHT"):
+            n += 1
+        log.info("%d jobs for %s sent to the common list: it cannot be placed", n, ref)
+        refused.append(ref)
+    return refused
+
+
 def queued_anywhere(ctx: Context) -> int:
     """Job ids waiting on any version's list."""
     keys = [QUEUE, *ctx.redis.scan_iter(match=QUEUE + ":*", count=100)]
@@ -55,7 +81,7 @@ def queued_anywhere(ctx: Context) -> int:
 class JobCreate(BaseModel):
     """The body of ``POST /v1/jobs``; ``body`` is judged by its endpoint's own model."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     endpoint: str = Field(max_length=64)
     body: dict[str, Any]

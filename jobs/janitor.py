@@ -13,7 +13,11 @@ Run by the control worker every few seconds (``sweep``). It
   become ``batch_expired`` error lines;
 - sends validate or finalize again for a batch whose control task was lost;
 - dispatches the batch lanes' next waiting shards (``jobs.fairshare``), so a
-  dispatch trigger that was lost (a worker killed after its shard) only delays.
+  dispatch trigger that was lost (a worker killed after its shard) only delays;
+- decides again where jobs waiting on a version's list go (``jobs.asyncjobs
+  .place_waiting``): a version no live jobs worker holds is placed, and the jobs of
+  one that cannot be had are refused (``model_not_loaded``), so a job pushed while
+  no jobs worker was live, or as its version's load failed, does not wait forever.
 Every change is a conditional UPDATE, so two janitors (or a janitor racing a
 worker) cannot both act on the same shard.
 """
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import and_, exists, func, select, update
 
-from jobs import fairshare, placement
+from jobs import asyncjobs, fairshare, placement
 from jobs import repository as repo
 from jobs.context import Context
 from jobs.dispatch import lane_for
@@ -43,6 +47,7 @@ class SweepReport:
     validate: set[str] = field(default_factory=set)
     dispatched: list[str] = field(default_factory=list)
     placed: list[tuple[str, str, str]] = field(default_factory=list)  # warm pools' commands
+    unplaceable: list[str] = field(default_factory=list)  # versions whose jobs were refused
 
 
 def sweep(ctx: Context) -> SweepReport:
@@ -54,6 +59,7 @@ def sweep(ctx: Context) -> SweepReport:
         _resume_control(ctx, rep)
         _send(ctx, rep)
         rep.dispatched = fairshare.dispatch_all(ctx)
+        rep.unplaceable = asyncjobs.place_waiting(ctx)
         rep.placed = placement.reconcile(ctx)
     except Exception:
         # The broker is unreachable (e.g. restarting): shards handed back above are

@@ -12,6 +12,14 @@ start: counted per version in Redis (``record_load``) and in the loading worker'
 ``inferq_model_loads`` counter. One placement per version is in progress at a time
 (``placing``: a marker with a TTL).
 
+Work for a version that cannot be had (its load failed, it is not registered, no live
+worker has room for it) ends with ``model_not_loaded``. The decision is made again
+for as long as the work waits, so a late heartbeat only delays it: a job within one
+janitor sweep (``janitor_interval_s``) of a worker of its lane being live, plus the
+time the load takes to fail; a realtime request within a second of the placement
+saying no (``jobs.realtime.PLACEMENT_CHECK_S``). While no worker of the lane is live
+its work waits, whatever its version (a heartbeat late is no reason to refuse it).
+
 Warm pools (``reconcile``, on every janitor sweep): a version with ``min_resident``
 copies gets them on live workers (after a restart or a scale-in too), and a copy
 beyond that minimum unused for the version's ``idle_unload_s`` is unloaded.
@@ -148,25 +156,31 @@ def send(r: redis.Redis, worker: str, op: str, model_ref: str, reason: str) -> N
 
 def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
     """Have ``model_ref`` resident on a live worker of ``lane``: True when one holds it
-    or is loading it, a placement of it is in progress, a load was sent now, or no
-    worker of the lane is live to decide on (its work waits on the version's queue,
-    never rerouted by a heartbeat that is late); False when it is not registered, its
-    last load failed, or no live worker has room for it."""
+    or is loading it, a placement of it is in progress on a live worker, a load was
+    sent now, or no worker of the lane is live to decide on (its work waits on the
+    version's queue, never rerouted by a heartbeat that is late); False when its last
+    load failed, it is not registered, or no live worker has room for it.
+
+    Work waiting on a version's queue is decided on again until it is taken: jobs by
+    every janitor sweep (``jobs.asyncjobs.place_waiting``), shards when the janitor
+    sends them again, a realtime request every second of its wait
+    (``jobs.realtime``). So a placement sent to a worker that died, or decided just
+    before the version's load failed, is made again or refused there."""
     from jobs.realtime import live_workers
 
     r = ctx.redis
     beats = live_workers(r, lane)
-    if not beats:  # none to decide on now (restarting, or a heartbeat late): it waits
-        return True  # on its version's queue; the next send or sweep places it
     if any(model_ref in resident(b) or model_ref in loading(b) for b in beats):
         return True
+    if r.exists(FAILED + model_ref):
+        return False  # (asked before the marker of the placement that failed is cleared)
+    if not beats:  # none to decide on now (restarting, or a heartbeat late): it waits
+        return True  # on its version's queue; the next sweep (or request) places it
     if (placing := r.get(placing_key(model_ref))) is not None:
         worker = placing.decode() if isinstance(placing, bytes) else str(placing)
         if any(b["name"] == worker for b in beats):
             return True  # on its way
         r.delete(placing_key(model_ref))  # its worker died before it loaded: again
-    if r.exists(FAILED + model_ref):
-        return False
     name, version = registry.split_ref(model_ref)
     m = registry.get(ctx, name, version) if version else registry.get_default(ctx, name)
     if m is None:
@@ -205,6 +219,13 @@ def load_failed(ctx: Context, model_ref: str, message: str) -> None:
             Shard.status == ShardStatus.QUEUED, Shard.dispatched_at.is_not(None))))
     if ids:  # sent again, to the common queue; the message left behind is a no-op
         fairshare.send(ctx, ids)
+
+
+def failure(r: redis.Redis, model_ref: str) -> str | None:
+    """Why the last load of ``model_ref`` failed (``"<exception type>: <message>"``),
+    within ``FAILED_TTL_S``."""
+    got = r.get(FAILED + model_ref)
+    return got.decode() if isinstance(got, bytes) else got
 
 
 # Warm pools ------------------------------------------------------------------------------

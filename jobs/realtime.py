@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis
@@ -72,17 +72,30 @@ def ON_DEMAND(model_ref: str) -> bool:  # noqa: N802 - a marker, compared by ide
     return True
 
 
+# A request waiting for its version's load asks the placement again this often; when
+# the answer is no (the load failed, or nobody has room) and no worker has taken it
+# yet, it is taken back and answered 503 ``model_not_loaded``.
+PLACEMENT_CHECK_S = 1.0
+
+
+class Admission(NamedTuple):
+    queue: str
+    placing: str | None  # the version placed for it (no live worker held it): it waits
+
+
 def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None,
-          place: Placer | None = None) -> str:
+          place: Placer | None = None) -> Admission:
     """The queue to push a realtime request for ``model`` (routed to ``version``) on:
     that version's. A version no live worker holds is placed first (``place``) and the
-    request waits on its queue for the load. 503 + retry-after when no worker serves
-    the lane, the version cannot be had, or its queue is full. A worker announcing
-    names only (``models``, no ``resident``) takes the name's own queue."""
+    request waits on its queue for the load (``Admission.placing``). 503 + retry-after
+    when no worker serves the lane, the version cannot be had, or its queue is full. A
+    worker announcing names only (``models``, no ``resident``) takes the name's own
+    queue."""
     beats = live_workers(r, "realtime")
     if not beats:
         raise Unavailable("no worker is serving the realtime lane", retry_after=5)
     ref = f"{model}@{version}" if version else model
+    placing = None
     if place is ON_DEMAND:
         queue = ANY
     elif any(holds(b, ref) for b in beats):
@@ -90,12 +103,32 @@ def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None
     elif any("resident" not in b and holds(b, model) for b in beats):
         queue = queue_for(model)
     elif version and place is not None and place(ref):
-        queue = queue_for(ref)
+        queue, placing = queue_for(ref), ref
     else:
         raise ModelNotLoaded(model)
     if r.llen(queue) >= max_queue:
         raise Unavailable("the realtime queue is full", retry_after=2)
-    return queue
+    return Admission(queue, placing)
+
+
+def withdrawn(r: redis.Redis, admitted: Admission, raw: bytes, place: Placer | None
+              ) -> ModelNotLoaded | None:
+    """For a request (``raw``, as pushed) waiting for its version's load: when the
+    placement now says no copy will be had and no worker has taken the request yet, it
+    is taken off its queue and this is its error; None while it is still to be
+    answered by a worker."""
+    ref, message = admitted.placing, raw.decode()  # (the same bytes, sent as UTF-8)
+    if ref is None or place is None or r.lpos(admitted.queue, message) is None:
+        return None  # no load awaited, or a worker has it: its answer comes from there
+    if place(ref) or not r.lrem(admitted.queue, 1, message):
+        return None
+    from jobs import placement, registry
+
+    name, _ = registry.split_ref(ref)
+    err = ModelNotLoaded(name)
+    if (why := placement.failure(r, ref)) is not None:
+        err.message = f"{err.message} ({ref} could not be loaded: {why.split(':', 1)[0]})"
+    return err
 
 
 def _origin() -> dict[str, str]:
@@ -128,17 +161,27 @@ class RealtimeClient:
 
     def call(self, kind: str, body: dict[str, Any], timeout_s: float) -> bytes:
         """Send one request and wait for the worker's answer (the JSON response body)."""
-        queue = admit(self.r, body["model"], self.max_queue, self.version, self.place)
+        admitted = admit(self.r, body["model"], self.max_queue, self.version, self.place)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
                "enqueued_at": time.time(), "version": self.version,
                **self.payer}  # enqueued_at: queue-time metrics
         msg.update(_origin())
-        with tracing.producer(f"realtime send {kind}", msg, _send_attributes(queue, rid)):
-            self.r.lpush(queue, orjson.dumps(msg))
-        got = self.r.blpop([reply_key(rid)], timeout=max(1, int(timeout_s)))
-        if got is None:
-            raise RequestTimeout(f"no answer within {timeout_s:.0f} s")
+        with tracing.producer(f"realtime send {kind}", msg,
+                              _send_attributes(admitted.queue, rid)):
+            raw = orjson.dumps(msg)
+            self.r.lpush(admitted.queue, raw)
+        deadline = time.monotonic() + max(1.0, timeout_s)
+        while True:  # for a load awaited, asking the placement again between waits
+            left = deadline - time.monotonic()
+            step = left if admitted.placing is None else min(left, PLACEMENT_CHECK_S)
+            got = self.r.blpop([reply_key(rid)], timeout=max(0.1, step))
+            if got is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise RequestTimeout(f"no answer within {timeout_s:.0f} s")
+            if (refused := withdrawn(self.r, admitted, raw, self.place)) is not None:
+                raise refused
         reply = orjson.loads(got[1])
         if "error" in reply:
             raise error_from_event(reply)
@@ -185,7 +228,7 @@ class TokenStream:
 
     def open(self, max_queue: int = 1000) -> dict[str, Any]:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
-        queue = admit(self.r, self.body["model"], max_queue, self.version, self.place)
+        admitted = admit(self.r, self.body["model"], max_queue, self.version, self.place)
         self.pubsub.subscribe(stream_channel(self.id))
         deadline = time.monotonic() + 5
         while True:  # wait for the server's confirmation of the subscription
@@ -199,9 +242,10 @@ class TokenStream:
                "version": self.version, **self.payer}
         msg.update(_origin())
         with tracing.producer(f"realtime send {self.kind}", msg,
-                              _send_attributes(queue, self.id)):
-            self.r.lpush(queue, orjson.dumps(msg))
-        first = self.next_event(self.first_event_s)
+                              _send_attributes(admitted.queue, self.id)):
+            raw = orjson.dumps(msg)
+            self.r.lpush(admitted.queue, raw)
+        first = self.first_event(admitted, raw)
         if first is None:
             self.close(cancel=True)
             raise RequestTimeout(f"no worker took the request within {self.first_event_s:.0f} s")
@@ -209,6 +253,20 @@ class TokenStream:
             self.close()
             raise error_from_event(first)
         return first
+
+    def first_event(self, admitted: Admission, raw: bytes) -> dict[str, Any] | None:
+        """The first event within ``first_event_s``; for a load awaited, the placement is
+        asked again between waits (``withdrawn``)."""
+        if admitted.placing is None:
+            return self.next_event(self.first_event_s)
+        deadline = time.monotonic() + self.first_event_s
+        while (left := deadline - time.monotonic()) > 0:
+            if (ev := self.next_event(min(left, PLACEMENT_CHECK_S))) is not None:
+                return ev
+            if (refused := withdrawn(self.r, admitted, raw, self.place)) is not None:
+                self.close()
+                raise refused
+        return None
 
     def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The next event in order, or None when nothing came within ``timeout``."""
