@@ -4,6 +4,10 @@ Work arrives from any thread (shard pipelines, the realtime consumer) as items
 with a priority; each step the engine takes the most urgent priority class,
 plans micro-batches over everything pending in it (so items from concurrent
 sources share a batch), and runs the one holding the oldest item.
+
+A forward pass that raises is run again in halves, down to the rows that raise
+alone: only they fail (``blame``), and the circuit breaker hears of a failure only
+when the micro-batch computed nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jobs.errors import InvalidRequest
 from jobs.usage import split
 from workers.batching import BatchPolicy
 
@@ -52,6 +57,8 @@ class EngineStats:
     computed_tokens: int = 0
     busy_s: float = 0.0
     oom_splits: int = 0
+    fault_splits: int = 0  # passes that raised (not out of memory), run again in halves
+    faults: int = 0  # rows that raised alone
 
 
 def is_oom(e: BaseException) -> bool:
@@ -63,6 +70,17 @@ def too_large(tokens: int, e: BaseException) -> MemoryError:
     """The per-request error once a request ran out of memory on its own."""
     return MemoryError(f"this request ({tokens} tokens) does not fit in the accelerator's "
                        f"memory even alone: {e}")
+
+
+def blame(what: str, e: Exception, witnessed: bool) -> Exception:
+    """The error of a row whose computation raised alone (the rest of its pass run in
+    halves without it): the request's (400: ``what`` cannot be computed) when the same
+    work ``witnessed`` the model computing other rows, so the model works and the
+    input is at fault; otherwise ``e`` itself, the server's (500)."""
+    if not witnessed:
+        return e
+    return InvalidRequest(f"{what} could not be computed: {type(e).__name__}: {e}",
+                          code="uncomputable_input")
 
 
 class EmbeddingEngine:
@@ -135,35 +153,32 @@ class EmbeddingEngine:
 
     def _run(self, prio: int, items: list[_Item]) -> None:
         live = [it for it in items if it.future.set_running_or_notify_cancel()]
-        if live:
-            self._forward(prio, live)
+        if not live:
+            return
+        faults: list[tuple[_Item, Exception]] = []
+        computed = self._forward(prio, live, faults)
+        for it, e in faults:
+            it.future.set_exception(blame("this input's embedding", e, computed > 0))
+        if faults and not computed and self.on_pass is not None:
+            self.on_pass(False)
 
-    def _forward(self, prio: int, live: list[_Item]) -> None:
-        """Run one micro-batch; out of memory splits it in halves, down to single rows."""
+    def _forward(self, prio: int, live: list[_Item], faults: list[tuple[_Item, Exception]]
+                 ) -> int:
+        """Run one micro-batch; the rows it computed. Out of memory splits it in halves,
+        down to single rows; so does a pass that raises, and a row that raises alone
+        goes to ``faults``."""
         batch = [it.tokens for it in live]
         t0 = time.perf_counter()
         try:
             out = self.model.embed(batch)
-        except Exception as e:  # a batch failure is delivered to every member
-            if is_oom(e):
-                self.stats.oom_splits += 1
-                if len(live) > 1:
-                    half = len(live) // 2
-                    self._forward(prio, live[:half])
-                    self._forward(prio, live[half:])
-                    return
-                e = too_large(len(batch[0]), e)
-            elif self.on_pass is not None:
-                self.on_pass(False)
-            for it in live:
-                it.future.set_exception(e)
-            return
+        except Exception as e:  # noqa: BLE001 - contained: the rows that raise alone fail
+            return self._split(prio, live, e, faults)
         dt = time.perf_counter() - t0
         if len(out) != len(live):
             err = RuntimeError(f"model returned {len(out)} rows for {len(live)} inputs")
             for it in live:
                 it.future.set_exception(err)
-            return
+            return 0
         if self.on_pass is not None:
             self.on_pass(True)
         real = sum(len(b) for b in batch)
@@ -182,6 +197,27 @@ class EmbeddingEngine:
         for it, vec, share in zip(live, out, split(dt, [len(b) for b in batch]), strict=True):
             it.future.seconds = share
             it.future.set_result(vec)
+        return len(live)
+
+    def _split(self, prio: int, live: list[_Item], e: Exception,
+               faults: list[tuple[_Item, Exception]]) -> int:
+        """The pass over ``live`` raised ``e``: run its halves apart; a single row fails
+        (out of memory: too large, now; otherwise: in ``faults``). The rows computed."""
+        oom = is_oom(e)
+        if oom:
+            self.stats.oom_splits += 1
+        if len(live) > 1:
+            if not oom:
+                self.stats.fault_splits += 1
+            half = len(live) // 2
+            return (self._forward(prio, live[:half], faults)
+                    + self._forward(prio, live[half:], faults))
+        if oom:
+            live[0].future.set_exception(too_large(len(live[0].tokens), e))
+        else:
+            self.stats.faults += 1
+            faults.append((live[0], e))
+        return 0
 
 
 def seconds_of(futures: Sequence[Future[Any]]) -> float:

@@ -14,10 +14,18 @@ least urgent half of the batch: those sequences go back to the queue with what
 they generated so far and resume by a prefill of prompt + output (nothing is
 sent twice), and the row cap shrinks to what fitted, growing back one row per
 ``GROW_EVERY`` clean steps.
+
+A forward pass that raises anything else is run again in halves, down to the rows
+that raise alone; so is a decode (a failed decode leaves the cache as it was:
+``decode_step`` builds new tensors), on the rows of the cache each half selects.
+Sampling is per row. Only the rows that raise alone fail: at the end of the step,
+with the request's error (400) when the step computed other rows, else the server's
+(``blame``). Every other row gets the output it gets without them.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -34,7 +42,7 @@ from typing import Any, Protocol
 import torch
 
 from jobs.usage import split
-from workers.embedding_engine import is_oom, too_large
+from workers.embedding_engine import blame, is_oom, too_large
 from workers.generation_request import GenRequest
 from workers.prefix_cache import PrefixCache
 from workers.runtime.chat import KV, ChatModel, Past
@@ -112,6 +120,8 @@ class GenStats:
     oom_splits: int = 0  # prefills split in halves
     preemptions: int = 0  # sequences sent back to the queue by a decode step's OOM
     oom_failures: int = 0  # sequences that did not fit even alone
+    fault_splits: int = 0  # passes that raised (not out of memory), run again in halves
+    faults: int = 0  # sequences whose forward pass or sampling raised alone
     prefill_tokens: int = 0  # prompt tokens computed by prefills
     cached_tokens: int = 0  # prompt tokens whose state came from the prefix cache or chunks
     chunks: int = 0  # partial prefills of prompts longer than a step's prefill budget
@@ -127,6 +137,7 @@ class GenStats:
                 "tokens_by_priority": {str(k): v for k, v in self.tokens_by_priority.items()},
                 "max_rows": self.max_rows, "oom_splits": self.oom_splits,
                 "preemptions": self.preemptions, "oom_failures": self.oom_failures,
+                "fault_splits": self.fault_splits, "faults": self.faults,
                 "prefill_tokens": self.prefill_tokens, "cached_tokens": self.cached_tokens,
                 "chunks": self.chunks, "refills": self.refills,
                 "compactions": self.compactions,
@@ -168,6 +179,8 @@ class GenerationEngine:
         self._fit_rows: int | None = None  # rows that fitted when memory last ran out
         self._clean_steps = 0
         self._finishing: list[tuple[_Seq, FinishReason]] = []  # told at the step's end
+        self._faults: list[tuple[_Seq, Exception]] = []  # failed alone; told at its end
+        self._computed = False  # a forward pass of this step computed some rows
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
@@ -286,15 +299,19 @@ class GenerationEngine:
 
     def _settle(self, charged: list[tuple[_Seq, int]], dt: float) -> None:
         """Split the step's ``dt`` among ``charged`` (sequence, its tokens in the step),
-        then deliver the step's finishes."""
+        then deliver the step's finishes and its failures."""
         for (s, _), share in zip(charged, split(dt, [w for _, w in charged]), strict=True):
             s.accel_s += share
         finishing, self._finishing = self._finishing, []
         for s, reason in finishing:
             s.sink.finish(reason, s.usage())
+        faults, self._faults = self._faults, []
+        for s, e in faults:
+            s.sink.fail(blame("the next token of this request", e, self._computed))
 
     def _step(self, admitted: list[_Seq], charged: list[tuple[_Seq, int]]) -> int:
         self._drop_cancelled()
+        self._computed = False
         prev = self._running
         joined: list[_Seq] = []
         new_kv = None
@@ -306,6 +323,7 @@ class GenerationEngine:
                     s.sink.start()
             deferred: list[_Seq] = []
             chunked: list[_Seq] = []
+            faults = len(self._faults)
             for group, logits, kv, computed in self._prefill(admitted, bool(prev), deferred):
                 whole = [i for i, s in enumerate(group) if s.chunk_to is None]
                 for i, s in enumerate(group):
@@ -330,30 +348,16 @@ class GenerationEngine:
                 self._enqueue(s)
             if deferred:
                 self._fit_rows = max(1, len(self._live()) + len(joined))
-            oom = bool(deferred) or len(joined) + len(chunked) < len(admitted)
+            faults = len(self._faults) - faults
+            oom = bool(deferred) or len(joined) + len(chunked) + faults < len(admitted)
         # A step that prefilled realtime rows ends there: their first token is out, and
         # the running rows decode in the next step (one step later, not one step longer).
         # Never twice in a row, so that arrivals at every step cannot stall the decodes.
         rushed = bool(admitted) and admitted[0].priority == 0 and not self._rushed
         self._rushed = rushed
         if prev and not rushed:
-            assert self._kv is not None
-            # Every row is fed (a hole its old last token, at its old position: wasted
-            # work, and cheaper than moving the cache); only live rows are sampled.
-            live = [i for i, s in enumerate(prev) if not s.done]
-            last = [s.generated[-1] for s in prev]
-            try:
-                logits, kv = self.model.decode_step(last, [s.pos for s in prev], self._kv)
-            except Exception as e:
-                if not is_oom(e):
-                    raise
-                prev, oom = self._shed(prev, e), True
-            else:
-                self._kv = kv
-                for i in live:
-                    prev[i].pos += 1
-                    charged.append((prev[i], 1))
-                self._advance([prev[i] for i in live], logits[live])
+            prev, shed = self._decode(prev, charged)
+            oom = oom or shed
         if new_kv is not None:
             self._join(prev, joined, new_kv)
         else:
@@ -365,14 +369,101 @@ class GenerationEngine:
         self._grow_back(oom)
         return rows
 
-    # Out of memory ---------------------------------------------------------------------
+    def _decode(self, prev: list[_Seq], charged: list[tuple[_Seq, int]]
+                ) -> tuple[list[_Seq], bool]:
+        """One decode step for the running rows ``prev``; the rows running after it, and
+        whether memory ran out. Every row is fed (a hole its old last token, at its old
+        position: wasted work, and cheaper than moving the cache); only live rows are
+        sampled. A step that raises (not out of memory) is run again on the live rows
+        by halves (``_bisect_decode``): the holes leave, as rows that raise alone do."""
+        assert self._kv is not None
+        live = [i for i, s in enumerate(prev) if not s.done]
+        try:
+            logits, kv = self._decode_rows(prev, self._kv)
+        except Exception as e:  # noqa: BLE001 - contained: the rows that raise alone fail
+            if is_oom(e):
+                return self._shed(prev, e), True
+            contained = self._contain_decode(prev, live, e)
+            if contained is None:
+                self._kv = None
+                return [], False
+            prev, logits, kv = contained
+            live = list(range(len(prev)))
+        self._kv = kv
+        for i in live:
+            prev[i].pos += 1
+            charged.append((prev[i], 1))
+        self._advance([prev[i] for i in live], logits[live])
+        return prev, False
+
+    # Passes that raise: out of memory, or a fault ---------------------------------------
+    def _contain_decode(self, prev: list[_Seq], live: list[int], e: Exception
+                        ) -> tuple[list[_Seq], torch.Tensor, KV] | None:
+        """The decode of ``prev`` raised ``e``: decode its ``live`` rows by halves; the
+        rows that decoded, in order, their logits and their cache (None: none did)."""
+        assert self._kv is not None
+        base = self._kv if len(live) == len(prev) else self._kv.select(live)
+        groups = self._bisect_decode([prev[i] for i in live], base, e)
+        if not groups:
+            return None
+        kv = functools.reduce(KV.concat, [k for _, _, k in groups[1:]], groups[0][2])
+        return ([s for seqs, _, _ in groups for s in seqs],
+                torch.cat([lg for _, lg, _ in groups]), kv.trim())
+
+    def _decode_rows(self, rows: list[_Seq], kv: KV) -> tuple[torch.Tensor, KV]:
+        logits, new = self.model.decode_step([s.generated[-1] for s in rows],
+                                             [s.pos for s in rows], kv)
+        self._computed = True
+        return logits, new
+
+    def _bisect_decode(self, rows: list[_Seq], kv: KV, e: Exception
+                       ) -> list[tuple[list[_Seq], torch.Tensor, KV]]:
+        """The decode of ``rows`` (rows of ``kv``) raised ``e``: decode its halves apart,
+        each on the rows of the cache it selects; a row that raises alone fails
+        (``_fault``), and a half that runs out of memory goes back to the queue, to
+        resume as a decode that runs out of memory does. The halves that decoded, in
+        order: (their rows, logits, grown cache)."""
+        if len(rows) == 1:
+            self._fault(rows[0], e)
+            return []
+        self.stats.fault_splits += 1
+        half = len(rows) // 2
+        out: list[tuple[list[_Seq], torch.Tensor, KV]] = []
+        for part, idx in ((rows[:half], range(half)), (rows[half:], range(half, len(rows)))):
+            sub = kv.select(list(idx))
+            try:
+                logits, grown = self._decode_rows(part, sub)
+            except Exception as e2:  # noqa: BLE001 - contained, as above
+                if is_oom(e2):
+                    self._preempt(part)
+                else:
+                    out += self._bisect_decode(part, sub, e2)
+            else:
+                out.append((part, logits, grown))
+        return out
+
+    def _preempt(self, seqs: list[_Seq]) -> None:
+        for s in seqs:
+            self._enqueue(s)
+        self.stats.preemptions += len(seqs)
+
+    def _fault(self, s: _Seq, e: Exception) -> None:
+        """``s`` raised alone (its forward pass or its sampling): it leaves the batch
+        now; its sink is told at the step's end, which shows whether the step computed
+        other rows (``blame``)."""
+        log.warning("a sequence failed alone: %s: %s", type(e).__name__, e)
+        s.done = True
+        self.stats.faults += 1
+        self._faults.append((s, e))
+
     def _prefill(self, seqs: list[_Seq], crowded: bool, deferred: list[_Seq]
                  ) -> list[tuple[list[_Seq], torch.Tensor, KV, list[int]]]:
         """Prefill ``seqs`` (each up to its ``chunk_to``), in halves while they do not
-        fit; with each group, the tokens computed per sequence. What a sequence already
-        has (its earlier chunks, or the longest cached prefix) is not computed again.
-        ``crowded``: other sequences hold memory, so one that does not fit is deferred,
-        not failed."""
+        fit or while the prefill raises; with each group, the tokens computed per
+        sequence. What a sequence already has (its earlier chunks, or the longest cached
+        prefix) is not computed again. ``crowded``: other sequences hold memory, so one
+        that does not fit is deferred, not failed; one that raises alone fails
+        (``_fault``)."""
         prompts = [s.tokens()[: s.chunk_to] for s in seqs]
         lead, follow = self._leaders(seqs, prompts)
         if follow:  # the leaders' prefill puts the shared prefixes in the cache
@@ -382,28 +473,41 @@ class GenerationEngine:
         pasts = [self._past(s, p) for s, p in zip(seqs, prompts, strict=True)]
         try:
             logits, kv = self.model.prefill(prompts, pasts)
-            self.stats.prefills += 1
-            computed = [len(p) - (0 if past is None else past.length)
-                        for p, past in zip(prompts, pasts, strict=True)]
-            self.stats.prefill_tokens += sum(computed)
-            self.stats.cached_tokens += sum(len(p) for p in prompts) - sum(computed)
-            if self.cache is not None:
-                for i, p in enumerate(prompts):
-                    self.cache.insert(p, kv, i)
-            return [(seqs, logits, kv, computed)]
-        except Exception as e:
-            if not is_oom(e):
-                raise
+        except Exception as e:  # noqa: BLE001 - contained: the rows that raise alone fail
+            return self._split_prefill(seqs, e, crowded, deferred)
+        self._computed = True
+        self.stats.prefills += 1
+        computed = [len(p) - (0 if past is None else past.length)
+                    for p, past in zip(prompts, pasts, strict=True)]
+        self.stats.prefill_tokens += sum(computed)
+        self.stats.cached_tokens += sum(len(p) for p in prompts) - sum(computed)
+        if self.cache is not None:
+            for i, p in enumerate(prompts):
+                self.cache.insert(p, kv, i)
+        return [(seqs, logits, kv, computed)]
+
+    def _split_prefill(self, seqs: list[_Seq], e: Exception, crowded: bool,
+                       deferred: list[_Seq]
+                       ) -> list[tuple[list[_Seq], torch.Tensor, KV, list[int]]]:
+        """The prefill of ``seqs`` raised ``e``: prefill its halves apart. A single
+        sequence that raises fails alone (``_fault``); one out of memory waits while
+        others hold memory (``deferred``), and fails as too large otherwise."""
+        oom = is_oom(e)
+        if oom:
             self.stats.oom_splits += 1
-            if len(seqs) > 1:
-                half = len(seqs) // 2
-                first = self._prefill(seqs[:half], crowded, deferred)
-                return first + self._prefill(seqs[half:], crowded or bool(first), deferred)
-            if crowded:
-                deferred.append(seqs[0])
-            else:
-                self._fail_alone(seqs[0], e)
-            return []
+        if len(seqs) > 1:
+            if not oom:
+                self.stats.fault_splits += 1
+            half = len(seqs) // 2
+            first = self._prefill(seqs[:half], crowded, deferred)
+            return first + self._prefill(seqs[half:], crowded or bool(first), deferred)
+        if not oom:
+            self._fault(seqs[0], e)
+        elif crowded:
+            deferred.append(seqs[0])
+        else:
+            self._fail_alone(seqs[0], e)
+        return []
 
     def _leaders(self, seqs: list[_Seq], prompts: list[list[int]]
                  ) -> tuple[list[int], list[int]]:
@@ -455,9 +559,7 @@ class GenerationEngine:
         assert self._kv is not None
         ranked = sorted(live, key=lambda i: (prev[i].priority, prev[i].order))
         keep = sorted(ranked[: len(live) // 2])
-        for i in ranked[len(live) // 2:]:
-            self._enqueue(prev[i])
-            self.stats.preemptions += 1
+        self._preempt([prev[i] for i in ranked[len(live) // 2:]])
         self._kv = self._kv.select(keep).trim()
         self._fit_rows = len(keep)
         log.warning("out of memory at %d rows: %d sent back to the queue", len(live),
@@ -481,10 +583,14 @@ class GenerationEngine:
                 self._fit_rows = None
 
     def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        """Sample one token per row, deliver text, mark finished sequences."""
+        """Sample one token per row, deliver text, mark finished sequences; a row that
+        cannot be sampled fails alone."""
         tokens = sample(logits, [s.req for s in seqs], [s.gen for s in seqs])
         for s, tok in zip(seqs, tokens, strict=True):
             s.rows = max(s.rows, len(seqs))
+            if isinstance(tok, Exception):
+                self._fault(s, tok)
+                continue
             self.stats.tokens += 1
             by = self.stats.tokens_by_priority
             by[s.priority] = by.get(s.priority, 0) + 1

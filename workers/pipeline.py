@@ -7,6 +7,12 @@ and never duplicates a line, and a worker whose lease lapsed can write late but
 never over a part another attempt committed (finalize reads only committed
 parts). The next chunk is queued on the engine before the current one is written
 out, so the model never waits for I/O.
+
+A chunk with lines that failed on the server's side (``Chunk.faults``: a 5xx from
+the engine, through no fault of the line) is not committed: the attempt ends as a
+failed one, and the shard is run again from its checkpoint, with backoff, as many
+times as a failed attempt is (``max_shard_attempts`` in a row without progress).
+Lines whose own input is at fault (4xx) are committed as error lines.
 """
 
 from __future__ import annotations
@@ -34,6 +40,14 @@ from workers.embedding_engine import PRIORITY_BY_TIER
 from workers.runners import Runner
 
 log = logging.getLogger("inferq.pipeline")
+
+
+class ServerFaults(RuntimeError):
+    """Lines of chunk ``chunk`` failed on the server's side: compute the chunk again."""
+
+    def __init__(self, chunk: int, faults: list[str]) -> None:
+        super().__init__(f"chunk {chunk}: {len(faults)} requests failed on the server's side "
+                         f"and will be computed again (the first: {faults[0]})")
 
 
 @dataclass
@@ -173,6 +187,9 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
                             ShardOutcome.HANDED_BACK,
                             "handed back: this worker's model keeps failing",
                             not_its_fault=True)
+        if cur.faults:  # computed again by the next attempt, from this chunk
+            runner.cancel(nxt)
+            raise ServerFaults(c, cur.faults)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "ok", attempt), ok)
         ctx.store.put_bytes(keys.output_part(batch_id, index, c, "err", attempt), err)
         bill = payer.bill(ctx, shard_id, batch_id, c, completed, tokens, cur.seconds)

@@ -375,7 +375,7 @@ class RealtimeConsumer(threading.Thread):
         message says who that is."""
         if not isinstance(msg, dict) or not isinstance(msg.get("id"), str):
             return  # nobody to answer: the caller times out
-        status, err = (e.status, e.to_dict()) if isinstance(e, InferqError) else failure(e)
+        status, err = failure(e)
         try:
             if msg.get("kind") in (CHAT, COMPLETIONS):
                 PubSink(self.publisher, msg["id"], self.cancels).error(status, err)

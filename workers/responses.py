@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.errors import InferqError
 from jobs.requests import EmbeddingsBody
 
 
@@ -27,7 +28,11 @@ def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
     """The HTTP status and OpenAI error object for an inference that raised.
 
     MemoryError reaches a request only after it was tried alone (the engines split
-    batches that run out of memory), so it is the request's size, not a fault."""
+    batches that run out of memory), so it is the request's size, not a fault. An
+    InferqError carries its own status: the engines' for a request whose input could
+    not be computed (``workers.embedding_engine.blame``) is a 400."""
+    if isinstance(e, InferqError):
+        return e.status, e.to_dict()
     if isinstance(e, MemoryError):
         return 413, {"message": str(e), "type": "invalid_request_error", "param": None,
                      "code": "request_too_large"}

@@ -5,13 +5,15 @@ while this one is written); ``collect`` waits for it and returns
 (ok lines, error lines, completed, failed, tokens). ``tokens`` is the usage of
 the ok lines (prompt and generated tokens apart), which the checkpoint records;
 ``collect`` also sets the chunk's ``seconds``, the accelerator-seconds of its ok
-lines (what the chunk's usage record bills). Lines are built by ``jobs.outputs``.
+lines (what the chunk's usage record bills), and its ``faults``: the lines whose
+request failed on the server's side (a 5xx), which the pipeline never commits as
+error lines (it computes the chunk again). Lines are built by ``jobs.outputs``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -42,6 +44,8 @@ class Chunk:
     # (custom_id, parsed body or the error that refused it, engine handle, input tokens)
     requests: list[tuple[str, Any, Any, int]]
     seconds: float = 0.0  # accelerator-seconds of the ok lines, set by collect
+    # "custom_id: error" of the lines that failed on the server's side, set by collect
+    faults: list[str] = field(default_factory=list)
 
 
 def _refused(custom_id: str, e: InferqError) -> bytes:
@@ -51,8 +55,13 @@ def _refused(custom_id: str, e: InferqError) -> bytes:
                                        "invalid_request", e.type, e.param)
 
 
-def _failed(custom_id: str, e: Exception) -> bytes:
+def _failed(chunk: Chunk, custom_id: str, e: Exception) -> bytes:
+    """The error line of a request that failed in the engine: with its status (400 for
+    an input the model cannot compute, 413 for one too large to fit); a server-side
+    failure (5xx) is also noted in the chunk's ``faults``."""
     status, err = failure(e)
+    if status >= 500:
+        chunk.faults.append(f"{custom_id}: {err['message']}")
     return outputs.error_response_line(custom_id, status, err["message"], err["code"],
                                        err["type"])
 
@@ -87,7 +96,7 @@ class EmbeddingRunner:
             try:
                 vectors = [f.result() for f in futures]
             except Exception as e:  # noqa: BLE001 - delivered as the request's error line
-                err.append(_failed(custom_id, e))
+                err.append(_failed(chunk, custom_id, e))
                 continue
             ok.append(outputs.ok_line(custom_id, embeddings_body(body, vectors, ntok)))
             tokens += ntok
@@ -135,7 +144,7 @@ class GenerationRunner:
             try:
                 c = sink.result()
             except Exception as e:  # noqa: BLE001
-                err.append(_failed(custom_id, e))
+                err.append(_failed(chunk, custom_id, e))
                 continue
             u = c.usage
             ok.append(outputs.ok_line(custom_id, build(body["model"], c.text, c.reason,

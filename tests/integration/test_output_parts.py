@@ -6,6 +6,8 @@ driven directly by runners the test controls (no workers, no sleeps).
   key, and finalize reads the committed holder's parts, every custom_id once.
 - A part the checkpoint committed that is gone fails the batch, naming it.
 - Chunks committed before attempts were recorded are read from the old key layout.
+- A chunk with a line that failed on the server's side is not committed: the next
+  attempt computes it again, and every custom_id has its one result line.
 """
 
 from __future__ import annotations
@@ -62,6 +64,27 @@ class ScriptedRunner:
 
     def cancel(self, chunk: Chunk | None) -> None:
         pass
+
+
+class FaultyRunner(ScriptedRunner):
+    """As ScriptedRunner, but the first time it computes ``faulty`` that line fails on
+    the server's side: an error line (500), noted in the chunk's ``faults``, as the
+    real runners do."""
+
+    def __init__(self, name: str, faulty: str) -> None:
+        super().__init__(name, per_row=1)
+        self.faulty, self.faulted = faulty, False
+
+    def collect(self, chunk: Chunk) -> Lines:
+        if self.faulted or self.faulty not in [r["custom_id"] for r in chunk.rows]:
+            return super().collect(chunk)
+        self.faulted = True
+        good = Chunk([r for r in chunk.rows if r["custom_id"] != self.faulty], [])
+        ok, _, n, _, tokens = super().collect(good)
+        chunk.faults.append(f"{self.faulty}: inference failed: device lost")
+        err = outputs.error_response_line(self.faulty, 500, "inference failed: device lost",
+                                          "server_error", "server_error")
+        return ok, err, n, 1, tokens
 
 
 @pytest.fixture
@@ -209,3 +232,32 @@ def test_chunks_committed_before_attempts_were_recorded_use_the_old_keys(
     assert b.status == BatchStatus.COMPLETED, b.errors
     assert [(x["custom_id"], x["response"]["body"]["worker"])
             for x in output_lines(pctx, b)] == [("req-0", "old"), ("req-1", "new")]
+
+
+def test_a_line_that_failed_on_the_server_s_side_is_computed_again(pctx: Context) -> None:
+    batch_id, sid = make_batch(pctx)
+    runner = FaultyRunner("w", faulty="req-5")
+    wctx = worker_ctx(pctx, 4)  # chunks of rows 0-3, 4-7 (req-5's), 8-9
+    try:
+        first = process_shard(wctx, lambda *_: runner, sid, "w")
+        assert first.outcome == ShardOutcome.RETRY and first.retry_in_s > 0
+        sh = get_shard(pctx, sid)
+        assert (sh.status, sh.chunks_done, sh.rows_done, sh.failed) == (
+            ShardStatus.QUEUED, 1, 4, 0)
+        assert sh.error is not None and "req-5: inference failed" in sh.error
+        again = process_shard(wctx, lambda *_: runner, sid, "w")
+        assert (again.outcome, again.finalize) == (ShardOutcome.DONE, True)
+    finally:
+        wctx.close()
+    sh = get_shard(pctx, sid)
+    assert (sh.completed, sh.failed, sh.part_attempts) == (ROWS, 0, {"0": 1, "1": 2, "2": 2})
+    finalize.finalize_batch(pctx, batch_id)
+    b = get_batch(pctx, batch_id)
+    assert b.status == BatchStatus.COMPLETED, b.errors
+    ids = Counter(x["custom_id"] for x in output_lines(pctx, b))
+    assert ids == Counter(f"req-{i}" for i in range(ROWS)), "lost or duplicated results"
+    with pctx.db.session() as s:
+        f = s.get(File, b.error_file_id) if b.error_file_id else None
+        errors = pctx.store.get_bytes(f.object_key) if f is not None else b""
+        usage = repo.shard_sums(s, [batch_id])[batch_id]
+    assert errors.strip() == b"" and usage.prompt_tokens == ROWS  # billed once per line

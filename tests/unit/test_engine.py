@@ -10,6 +10,7 @@ from concurrent.futures import wait
 import numpy as np
 import pytest
 
+from jobs.errors import InvalidRequest
 from workers.batching import BatchPolicy
 from workers.embedding_engine import BATCH, FLEX, JOBS, REALTIME, EmbeddingEngine
 
@@ -122,23 +123,60 @@ def test_oldest_item_runs_first_within_a_priority(engines: list[EmbeddingEngine]
     assert firsts == [[999], [1], [2, 3]]
 
 
-def test_model_exception_reaches_every_member_of_the_batch(engines: list[EmbeddingEngine]) -> None:
+def test_a_row_that_raises_fails_alone_and_the_engine_keeps_going(
+        engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate=gate, fail_on=66)
     engine = make(engines, model, max_tokens=8192, max_rows=3, min_fill=0.0)
     engine.submit([[1]], BATCH)
     assert model.entered.wait(TIMEOUT)
-    bad = engine.submit([[66], [67], [68]], REALTIME)  # one micro-batch of 3
+    mixed = engine.submit([[66], [67], [68]], REALTIME)  # one micro-batch of 3
     good = engine.submit([[10], [11]], BATCH)
     gate.set()
-    wait(bad + good, timeout=TIMEOUT)
-    for f in bad:
-        exc = f.exception(timeout=0)
-        assert isinstance(exc, RuntimeError) and "exploded" in str(exc)
-    # the engine keeps going after a failed batch
-    assert [f.result(timeout=0).tolist()[1] for f in good] == [10, 11]
+    wait(mixed + good, timeout=TIMEOUT)
+    exc = mixed[0].exception(timeout=0)
+    assert isinstance(exc, InvalidRequest) and exc.status == 400 and "exploded" in exc.message
+    assert [f.result(timeout=0).tolist()[1] for f in mixed[1:] + good] == [67, 68, 10, 11]
     later = engine.submit([[5, 5]], REALTIME)[0].result(timeout=TIMEOUT)
     assert later.tolist() == [2, 5, 10]
+
+
+def test_one_poisoned_row_among_32_fails_alone(engines: list[EmbeddingEngine]) -> None:
+    """In one micro-batch of 32, the row the model raises for fails with the request's
+    error; the 31 others get the vectors they get without it, and the breaker hears of
+    no failure (the model works)."""
+    rows = [row(i, 5) for i in range(100, 132)]
+    rows[13] = row(66, 5)
+    passes: list[bool] = []
+    alone = make(engines, FakeModel(), max_tokens=8192, max_rows=64, min_fill=0.0)
+    want = [f.result(timeout=TIMEOUT).tolist()
+            for f in alone.submit(rows[:13] + rows[14:], BATCH)]
+    model = FakeModel(fail_on=66)
+    engine = EmbeddingEngine(model, BatchPolicy(8192, 64, 0.0), on_pass=passes.append)  # type: ignore[arg-type]
+    engines.append(engine)
+    futures = engine.submit(rows, BATCH)
+    wait(futures, timeout=TIMEOUT)
+    bad = futures.pop(13).exception(timeout=0)
+    assert isinstance(bad, InvalidRequest) and "this input's embedding could not" in bad.message
+    assert [f.result(timeout=0).tolist() for f in futures] == want
+    assert len(model.calls[0]) == 32 and False not in passes
+    assert engine.stats.faults == 1 and engine.stats.fault_splits == 5
+
+
+def test_a_model_that_fails_every_pass_fails_every_row_as_the_server_s(
+        engines: list[EmbeddingEngine]) -> None:
+    passes: list[bool] = []
+
+    class Broken(FakeModel):
+        def embed(self, batch: list[list[int]]) -> np.ndarray:
+            raise RuntimeError("device lost")
+
+    engine = EmbeddingEngine(Broken(), BatchPolicy(8192, 64, 0.0), on_pass=passes.append)  # type: ignore[arg-type]
+    engines.append(engine)
+    futures = engine.submit([[1], [2], [3], [4]], BATCH)
+    wait(futures, timeout=TIMEOUT)
+    assert all(type(f.exception(timeout=0)) is RuntimeError for f in futures)  # a 500
+    assert passes == [False]  # one failed micro-batch, as the breaker counts them
 
 
 def test_wrong_row_count_fails_the_batch(engines: list[EmbeddingEngine]) -> None:
