@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask, Response, current_app, g, request
 from opentelemetry.trace import SpanKind
 
-from jobs import admission, limits, logs, service, tracing
+from jobs import admission, limits, logs, progress, service, tracing
 from jobs.context import Context
 from jobs.dashboard import viewer as dashboard_viewer
 from jobs.models import new_id
@@ -50,15 +50,19 @@ def create_app(settings: Settings | None = None) -> Flask:
         usage,
         webhooks,
     )
-    from api.schemas import check_path_ids
+    from api.schemas import MAX_JSON_BODY, check_path_ids
+    from api.streams import StreamSlots
 
     settings = settings or Settings.from_env()
     logs.setup(settings)
     tracing.setup(settings, "api")
     app = Flask("inferq", static_folder=None)  # no /static/ of the working directory
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
+    app.url_map.merge_slashes = False  # //v1//files is no route (not a redirect to one)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["inferq"] = Context(settings)
+    app.extensions["inferq_streams"] = StreamSlots(settings.api_max_streams_per_project)
+    app.extensions["inferq_watcher"] = progress.Watcher(app.extensions["inferq"],
+                                                        settings.events_poll_s)
     errors.register(app)
     metrics.register(app, app.extensions["inferq"].redis)  # first: it times the whole request
     app.extensions["inferq_metrics"].register(admission.collector(app.extensions["inferq"]))
@@ -70,6 +74,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     administered = {mod.bp.name for mod in organization}
     # The dashboard: a project key (its own batches) or an admin key (every project's).
     viewed = {dashboard.bp.name}
+
+    @app.before_request
+    def bound_body() -> None:
+        """Every body is bounded, whatever its framing (a Content-Length or chunks):
+        an upload by max_upload_bytes, any other request by MAX_JSON_BODY (413). The
+        stream stops one byte past the limit, so that a body over it can be told from
+        one of exactly its length (api.schemas.json_body)."""
+        limit = settings.max_upload_bytes if request.endpoint in files.UPLOADS else MAX_JSON_BODY
+        request.max_content_length = limit + 1
 
     @app.before_request
     def trace_request() -> None:

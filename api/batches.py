@@ -4,19 +4,20 @@ its partial output."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-from flask import Blueprint, Response, g, request, stream_with_context
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
 from sqlalchemy.exc import DBAPIError
 
-from api import context
+from api import context, streams
 from api.idempotency import idempotent
 from api.schemas import batch_object, json_body, page, page_params
 from jobs import partial, progress, service
 from jobs.repository import ShardSums
 from jobs.requests import BatchCreate, parse_model
+from jobs.settings import Settings
 
 bp = Blueprint("batches", __name__)
 log = logging.getLogger("inferq.api")
@@ -72,21 +73,29 @@ def events(batch_id: str) -> Response:
     progress.check_resumable(first, seen)
     if first.terminal and seen.rank == progress.TERMINAL_RANK:
         return Response(status=204)  # it has ended and the client saw it: do not reconnect
-    st = ctx.settings
-    stream = progress.follow(ctx, tenant_id, batch_id, first, seen, poll_s=st.events_poll_s,
-                             keepalive_s=st.events_keepalive_s, max_s=st.events_max_s)
-    return Response(_sse(stream, int(st.events_poll_s * 1000)), mimetype="text/event-stream",
+    give_back = streams.take(tenant_id)
+    watcher: progress.Watcher = current_app.extensions["inferq_watcher"]
+    resp = Response(_sse(first, seen, watcher, ctx.settings, give_back),
+                    mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp.call_on_close(give_back)  # also if it was never read
+    return resp
 
 
-def _sse(stream: Iterator[progress.Event | None], retry_ms: int) -> Iterator[bytes]:
-    yield f"retry: {max(retry_ms, 1000)}\n\n".encode()
+def _sse(first: progress.Snapshot, seen: progress.Position, watcher: progress.Watcher,
+         st: Settings, give_back: Callable[[], None]) -> Iterator[bytes]:
+    """The stream, its batch followed by the process's watcher while it is open."""
+    yield f"retry: {max(int(st.events_poll_s * 1000), 1000)}\n\n".encode()
     try:
-        for ev in stream:
-            yield b": keep-alive\n\n" if ev is None else _event(ev)
+        with watcher.following(first.batch.tenant_id, first) as next_snapshot:
+            for ev in progress.follow(first, seen, next_snapshot,
+                                      keepalive_s=st.events_keepalive_s, max_s=st.events_max_s):
+                yield b": keep-alive\n\n" if ev is None else _event(ev)
     except DBAPIError as e:  # the database went away mid-stream: the client resumes later
         log.warning("batch event stream ended: %s", e)
         yield b": the database is unavailable; reconnect with Last-Event-ID\n\n"
+    finally:
+        give_back()
 
 
 def _event(ev: progress.Event) -> bytes:

@@ -12,14 +12,8 @@ from jobs.errors import InferqError
 
 log = logging.getLogger("inferq.api")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-# What gunicorn would refuse with a page of HTML of its own; it is told to accept any
-# size (cli.stack.api_command) and the app refuses here, in the OpenAI shape.
-MAX_REQUEST_LINE = 8190
-MAX_HEADER_FIELD = 8190
-MAX_HEADERS = 100
-
-
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+               413: "payload_too_large"}
 def error_body(e: InferqError) -> dict[str, Any]:
     return {"error": e.to_dict()}
 
@@ -40,31 +34,9 @@ def _unavailable(e: Exception) -> Response:
                           "server_error", code="unavailable", headers={"retry-after": "5"})
 
 
-def oversized(environ: dict[str, Any], headers: list[tuple[str, str]]) -> Response | None:
-    """A 414 or 431 for a request line or headers beyond the limits, else None."""
-    uri = environ.get("RAW_URI") or environ.get("PATH_INFO", "")
-    line = len(f"{environ.get('REQUEST_METHOD', '')} {uri} {environ.get('SERVER_PROTOCOL', '')}")
-    if line > MAX_REQUEST_LINE:
-        return error_response(414, f"the request line is {line} bytes; at most "
-                              f"{MAX_REQUEST_LINE} are accepted", code="uri_too_long")
-    if len(headers) > MAX_HEADERS:
-        return error_response(431, f"{len(headers)} header fields; at most {MAX_HEADERS} "
-                              "are accepted", code="headers_too_large")
-    for name, value in headers:
-        if len(name) + 2 + len(value) > MAX_HEADER_FIELD:
-            return error_response(431, f"the header field {name[:64]!r} is longer than "
-                                  f"{MAX_HEADER_FIELD} bytes", code="headers_too_large")
-    return None
-
-
 def register(app: Flask) -> None:
     import redis
-    from flask import request
     from sqlalchemy.exc import DBAPIError
-
-    @app.before_request
-    def _limits() -> Response | None:
-        return oversized(request.environ, list(request.headers.items()))
 
     @app.errorhandler(InferqError)
     def _domain(e: InferqError) -> Response:

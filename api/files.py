@@ -14,6 +14,7 @@ from jobs.errors import InvalidRequest
 from storage.objects import CHUNK
 
 bp = Blueprint("files", __name__)
+UPLOADS = {"files.create"}  # the endpoints whose bodies may be as large as an upload
 
 
 @bp.post("/files")

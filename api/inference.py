@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from flask import Blueprint, Response, g, stream_with_context
 
-from api import admit, context
+from api import admit, context, streams
 from api.errors import error_body
 from api.schemas import json_body
 from jobs import admission, catalog, limits, placement, rollout, shadow
@@ -88,6 +88,18 @@ def completions() -> Any:
 def _generate(endpoint: str) -> Any:
     ctx = context()
     req = parse_generation(endpoint, json_body(), catalog.cached(ctx))
+    if not req.stream:
+        return _answer(ctx, endpoint, req, None)
+    give_back = streams.take(g.tenant_id)  # 429 past the project's open streams here
+    try:
+        return _answer(ctx, endpoint, req, give_back)
+    except BaseException:
+        give_back()
+        raise
+
+
+def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
+            give_back: Callable[[], None] | None) -> Any:
     st = ctx.settings
     body = req.model_dump(exclude_none=True)
     grant = admit(req.model, limits.request_tokens(endpoint, body,
@@ -127,6 +139,8 @@ def _generate(endpoint: str) -> Any:
                                  **version_header(route.version)})
         resp.call_on_close(lambda: limits.release_stream(ctx, grant))  # also if never read
         resp.call_on_close(ticket.release)  # out of the admission count once it ended
+        if give_back is not None:
+            resp.call_on_close(give_back)
         return resp
     try:
         parts, done = [], None

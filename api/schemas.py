@@ -24,7 +24,10 @@ _MISSING = {"file_id": "No such File object: {}", "batch_id": "No such Batch obj
             "job_id": "No such job: {}", "model_id": "The model {} does not exist"}
 
 
-def json_body(limit: int = 64 * 1024 * 1024) -> dict[str, Any]:
+MAX_JSON_BODY = 64 * 1024 * 1024  # bytes of any request body but an upload's
+
+
+def json_body(limit: int = MAX_JSON_BODY) -> dict[str, Any]:
     """The request's JSON object: valid UTF-8, at most ``MAX_JSON_DEPTH`` levels deep,
     no NUL character in any string (the database cannot store one)."""
     if (request.content_length or 0) > limit:
@@ -33,6 +36,8 @@ def json_body(limit: int = 64 * 1024 * 1024) -> dict[str, Any]:
         raise InvalidRequest("the request body must be JSON, sent with "
                              "Content-Type: application/json")
     raw = request.get_data(cache=True)
+    if len(raw) > limit:  # a chunked body has no Content-Length to refuse it by
+        raise PayloadTooLarge(f"a JSON request body is at most {limit} bytes")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

@@ -146,7 +146,7 @@ def main() -> None:
             stack.start_model_worker("rt", "realtime")
             plain_port = free_port()
             stack.spawn("api-plain", api_command(st.api_host, plain_port,
-                                                 keepalive_s=st.api_keepalive_s),
+                                                 st.api_max_connections, st.api_keepalive_s),
                         INFERQ_API_PORT=str(plain_port), INFERQ_REALTIME_TTFT_SLO_S="0")
             stack.wait_healthy()
             r = redis.Redis.from_url(stack.settings.redis_url)

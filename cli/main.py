@@ -115,6 +115,8 @@ def up(port: int | None, model_workers: int) -> None:
         click.echo(f"API key:      {stack.api_key}")
         click.echo(f"admin key:    {stack.admin_key}  (OPENAI_ADMIN_KEY for the SDK's admin "
                    "client; the projects, keys, limits and usage commands use it)")
+        click.echo(f"metrics token: {stack.settings.metrics_token}  (the API's /metrics: "
+                   "'Authorization: Bearer <token>', or the admin key)")
         click.echo(f"data dir:     {st.data_dir}  (logs in {stack.log_dir})")
         scraped = stack.metrics_urls()
         click.echo(f"metrics ({len(scraped)} processes):")
@@ -155,14 +157,15 @@ def _supervise(stack: Stack, signals: StopSignals) -> str | None:
 
 @main.command()
 @click.option("--port", type=int, default=None)
-@click.option("--threads", type=int, default=64, help="concurrent requests (streams included)")
-def api(port: int | None, threads: int) -> None:
-    """Serve the HTTP API with gunicorn."""
+def api(port: int | None) -> None:
+    """Serve the HTTP API with gunicorn (one gevent process; INFERQ_API_MAX_CONNECTIONS
+    and the other INFERQ_API_* settings bound what it holds)."""
     from cli.stack import api_command
 
     st = _backends(DATABASE, REDIS, OBJECT_STORE)
     _export(st)
-    cmd = api_command(st.api_host, port or st.api_port, threads, st.api_keepalive_s)
+    cmd = api_command(st.api_host, port or st.api_port, st.api_max_connections,
+                      st.api_keepalive_s)
     os.execv(cmd[0], cmd)
 
 

@@ -58,17 +58,23 @@ def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel]
 
 
-def api_command(host: str, port: int, threads: int = 64, keepalive_s: int = 75) -> list[str]:
-    """gunicorn serving the API. Its keep-alive outlasts the client's idle connections
-    (gunicorn's default of 2 s is shorter than httpx's 5 s: a request sent on a
-    connection the server is closing fails with "Server disconnected")."""
-    return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}", "-k", "gthread",
-            "--threads", str(threads), "-w", "1", "--graceful-timeout", "10",
-            "--keep-alive", str(keepalive_s),
-            # No limits of gunicorn's own (it answers them in HTML): the app refuses an
-            # oversized request line or header in the OpenAI error shape (api.errors).
-            "--limit-request-line", "0", "--limit-request-field_size", "0",
-            "--limit-request-fields", "32768",
+def api_command(host: str, port: int, max_connections: int = 16_000,
+                keepalive_s: int = 75) -> list[str]:
+    """gunicorn serving the API: one process of api.server's gevent edge worker, which
+    holds every connection as a greenlet. Its keep-alive outlasts the client's idle
+    connections (gunicorn's default of 2 s is shorter than httpx's 5 s: a request sent
+    on a connection the server is closing fails with "Server disconnected"). gunicorn
+    parses with the edge's limits; the worker answers them in the OpenAI error shape."""
+    from api.server import MAX_HEADER_FIELD, MAX_HEADERS, MAX_REQUEST_LINE
+
+    return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}",
+            "-k", "api.server.EdgeWorker", "-w", "1",
+            # the edge refuses past max_connections itself; the pool must not stop first
+            "--worker-connections", str(max_connections + 64),
+            "--backlog", "4096", "--graceful-timeout", "10", "--keep-alive", str(keepalive_s),
+            "--limit-request-line", str(MAX_REQUEST_LINE),
+            "--limit-request-field_size", str(MAX_HEADER_FIELD),
+            "--limit-request-fields", str(MAX_HEADERS),
             "--access-logfile", "-", "--log-level", "warning", "api.wsgi:app"]
 
 
@@ -301,8 +307,8 @@ class Stack:
             for i in range(self.model_workers):
                 self.start_model_worker(f"gpu{i}")
         if api:
-            self.spawn("api", api_command(st.api_host, self.port,
-                                          keepalive_s=st.api_keepalive_s))
+            self.spawn("api", api_command(st.api_host, self.port, st.api_max_connections,
+                                          st.api_keepalive_s))
             self.wait_healthy(need_workers=workers and self.model_workers > 0)
         return self
 

@@ -19,9 +19,10 @@ timestamp for each status it reached, so the path is known after the fact: even
 ``progress`` event when more requests are done. A status event carries the counts
 current when it is sent: after a reconnect, the counts of the latest state.
 
-Changes are seen by polling PostgreSQL (one short read per interval, the batch row
-by its key and its shards' sums by the ``(batch_id, index)`` index), each poll in a
-session of its own, so an open stream holds no connection between polls. PostgreSQL
+Changes are seen by polling PostgreSQL: each API process reads every batch its
+streams follow in one short read per interval (the batch rows by their keys and their
+shards' sums by the ``(batch_id, index)`` index, :class:`Watcher`), each poll in a
+session of its own, so an open stream holds no connection and costs no query. PostgreSQL
 is where the counts and statuses are committed, so a poll can never see a change that
 is later lost, or miss one: a notification channel (Redis pub/sub) would need a
 publish at every checkpoint and every status change, a subscription per stream, and
@@ -30,8 +31,11 @@ this same read after every notification and on every (re)connect anyway.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -173,12 +177,12 @@ def events_after(snap: Snapshot, seen: Position) -> list[Event]:
     return out
 
 
-def follow(ctx: Context, tenant_id: str, batch_id: str, first: Snapshot, seen: Position, *,
-           poll_s: float, keepalive_s: float, max_s: float,
-           sleep: Callable[[float], None] = time.sleep,
+def follow(first: Snapshot, seen: Position, next_snapshot: Callable[[], Snapshot], *,
+           keepalive_s: float, max_s: float,
            clock: Callable[[], float] = time.monotonic) -> Iterator[Event | None]:
-    """The events after ``seen``, from ``first`` (already read) on, polling every
-    ``poll_s``; ``None`` when ``keepalive_s`` passed without one (the caller sends a
+    """The events after ``seen``, from ``first`` (already read) on, each later state
+    from ``next_snapshot`` (a :class:`Watcher`'s, which waits for its next poll);
+    ``None`` when ``keepalive_s`` passed without an event (the caller sends a
     keep-alive, which is also how a client that went away is noticed). Ends after the
     terminal status's event, or after ``max_s`` (the client resumes from its last id)."""
     started = last_sent = clock()
@@ -196,5 +200,86 @@ def follow(ctx: Context, tenant_id: str, batch_id: str, first: Snapshot, seen: P
         if clock() - last_sent >= keepalive_s:
             yield None
             last_sent = clock()
-        sleep(poll_s)
-        snap = read(ctx, tenant_id, batch_id)
+        snap = next_snapshot()
+
+
+Key = tuple[str, str]  # (project, batch)
+
+
+class Watcher:
+    """The batches this process's event streams follow, read together: every
+    ``poll_s`` one read of all of them (their rows by key, their shards' sums grouped
+    by batch), however many streams follow each, then every stream is woken with its
+    batch's new state. Ten thousand followers cost one query a poll, not ten thousand.
+    A poll that fails (the database is away) fails the next read of every stream."""
+
+    def __init__(self, ctx: Context, poll_s: float) -> None:
+        self.ctx, self.poll_s = ctx, poll_s
+        self._cond = threading.Condition()
+        self._follows: Counter[Key] = Counter()
+        self._latest: dict[Key, Snapshot] = {}
+        self._error: Exception | None = None
+        self._round = 0
+        self._polling = False
+
+    @contextlib.contextmanager
+    def following(self, tenant_id: str, first: Snapshot) -> Iterator[Callable[[], Snapshot]]:
+        """While inside, the batch (``first``: as last read) is read each poll; yields
+        its ``next_snapshot``."""
+        key = (tenant_id, first.batch.id)
+        with self._cond:
+            self._follows[key] += 1
+            self._latest.setdefault(key, first)
+            if not self._polling:
+                self._polling = True
+                threading.Thread(target=self._poll, name="inferq-events", daemon=True).start()
+        try:
+            yield lambda: self._next(key)
+        finally:
+            with self._cond:
+                self._follows[key] -= 1
+                if self._follows[key] <= 0:
+                    del self._follows[key]
+                    self._latest.pop(key, None)
+
+    def followed(self) -> int:
+        with self._cond:
+            return len(self._follows)
+
+    def _next(self, key: Key) -> Snapshot:
+        with self._cond:
+            seen = self._round
+            self._cond.wait_for(lambda: self._round > seen)
+            if self._error is not None:
+                raise self._error
+            return self._latest[key]
+
+    def _poll(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            with self._cond:
+                keys = list(self._follows)
+                if not keys:
+                    self._polling = False
+                    return
+            error: Exception | None = None
+            try:
+                snaps = read_many(self.ctx, keys)
+            except Exception as e:  # noqa: BLE001 - each stream decides what a failure means
+                snaps, error = {}, e
+            with self._cond:
+                self._latest.update({k: v for k, v in snaps.items() if k in self._follows})
+                self._error = error
+                self._round += 1
+                self._cond.notify_all()
+
+
+def read_many(ctx: Context, keys: list[Key]) -> dict[Key, Snapshot]:
+    """The current state of each batch named, in one session (a batch of another
+    project than its key's is not read)."""
+    with ctx.db.session() as s:
+        batches = repo.get_batches(s, [b for _, b in keys])
+        sums = repo.shard_sums(s, [b.id for b in batches])
+    wanted = set(keys)
+    return {(b.tenant_id, b.id): Snapshot(b, sums.get(b.id, repo.ShardSums()))
+            for b in batches if (b.tenant_id, b.id) in wanted}

@@ -65,6 +65,10 @@ def get_batch(s: Session, tenant_id: str | None, batch_id: str, lock: bool = Fal
     return s.scalar(q)
 
 
+def get_batches(s: Session, batch_ids: list[str]) -> list[Batch]:
+    return list(s.scalars(select(Batch).where(Batch.id.in_(batch_ids)))) if batch_ids else []
+
+
 def page(s: Session, model: type[Batch] | type[File], tenant_id: str, after: str | None,
          limit: int, extra: list[Any] | None = None) -> tuple[list[Any], bool]:
     """Newest first; ids are time-ordered so ``after`` is a plain id comparison.

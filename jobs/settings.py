@@ -150,6 +150,18 @@ class Settings(BaseSettings):
     # (httpx, hence the openai SDK, keeps idle connections 5 s): a server that closes
     # first races the client's next request on that connection.
     api_keepalive_s: int = 75
+    # The HTTP edge (api/server.py): one gevent process holds every connection. A
+    # connection beyond api_max_connections is answered 503, one beyond
+    # api_max_connections_per_client from one address 429, a project's long-lived
+    # responses (token streams, batch event streams) beyond api_max_streams_per_project
+    # 429, all per API process. A request line and headers that take longer than
+    # api_header_timeout_s from their first byte, or a body that pauses for
+    # api_body_timeout_s, are answered 408 and the connection closes.
+    api_max_connections: int = Field(default=16_000, ge=1)
+    api_max_connections_per_client: int = Field(default=1_000, ge=1)
+    api_max_streams_per_project: int = Field(default=5_000, ge=1)
+    api_header_timeout_s: float = Field(default=10.0, gt=0)
+    api_body_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
 
     # Batch event streams (GET /v1/batches/{id}/events, jobs/progress.py). An open

@@ -148,14 +148,3 @@ def test_cancel_of_finished_batch_is_409(own_client: tuple[Any, Context]) -> Non
     resp = client.post(f"/v1/batches/{bid}/cancel")
     assert_error(resp, 409)
     assert resp.headers["x-should-retry"] == "false"
-
-
-def test_oversized_request_lines_and_headers(client) -> None:  # type: ignore[no-untyped-def]
-    err = assert_error(client.get("/v1/batches?after=" + "x" * 9000), 414)
-    assert err["code"] == "uri_too_long"
-    err = assert_error(client.get("/v1/batches", headers={"x-big": "y" * 9000}), 431)
-    assert err["code"] == "headers_too_large" and "x-big" in err["message"].lower()
-    many = {f"x-h{i}": "1" for i in range(120)}
-    assert assert_error(client.get("/v1/batches", headers=many), 431)["code"] == \
-        "headers_too_large"
-    assert client.get("/v1/batches?after=" + "x" * 100).status_code != 414

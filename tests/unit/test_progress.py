@@ -144,22 +144,20 @@ class Clock:
         self.t += s
 
 
-def test_follow_sends_keep_alives_and_ends_at_its_time_limit(monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
+def test_follow_sends_keep_alives_and_ends_at_its_time_limit() -> None:
     """``follow`` reads again each poll; with nothing new it yields None once per
     keep-alive period, and it stops at max_s without a terminal event."""
     reads = iter([LIVES["completed"][1]] * 100)
-    calls: list[str] = []
+    clock = Clock()
+    calls: list[float] = []
 
-    def read(ctx: object, tenant_id: str, batch_id: str) -> progress.Snapshot:
-        calls.append(batch_id)
+    def next_snapshot() -> progress.Snapshot:  # a watcher's: the state at its next poll
+        clock.sleep(1.0)
+        calls.append(clock.t)
         return next(reads)
 
-    monkeypatch.setattr(progress, "read", read)
-    clock = Clock()
-    out = list(progress.follow(None, "proj_1", "batch_1", LIVES["completed"][0],  # type: ignore[arg-type]
-                               progress.START, poll_s=1.0, keepalive_s=3.0, max_s=10.0,
-                               sleep=clock.sleep, clock=clock))
+    out = list(progress.follow(LIVES["completed"][0], progress.START, next_snapshot,
+                               keepalive_s=3.0, max_s=10.0, clock=clock))
     kinds = ["keep-alive" if e is None else e.status for e in out]
     assert kinds == ["validating", "in_progress", "keep-alive", "keep-alive"]  # at 4 s, 7 s
     assert len(calls) == 10 and clock.t == 10.0

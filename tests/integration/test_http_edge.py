@@ -1,0 +1,324 @@
+"""The HTTP edge as clients meet it: the real API process (gunicorn with the edge
+worker, as ``inferq up`` and ``inferq api`` run it), without model workers, with small
+limits so that each is reached quickly. Every refusal is in the OpenAI error shape;
+slow, idle and greedy clients cost only themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from openai import OpenAI
+
+from cli.stack import Stack
+from jobs import progress, service
+from jobs.context import Context
+from jobs.requests import BatchCreate
+from jobs.settings import Settings
+from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
+from tests.integration.helpers import emb_line, jsonl, upload
+
+LIMITS = {"INFERQ_API_HEADER_TIMEOUT_S": "1", "INFERQ_API_BODY_TIMEOUT_S": "1",
+          "INFERQ_API_KEEPALIVE_S": "2", "INFERQ_API_MAX_CONNECTIONS_PER_CLIENT": "400",
+          "INFERQ_API_MAX_STREAMS_PER_PROJECT": "3", "INFERQ_EVENTS_KEEPALIVE_S": "0.5",
+          "INFERQ_EVENTS_POLL_S": "0.2"}
+
+
+@pytest.fixture(scope="module")
+def edge(settings: Settings, pg_admin_url: str, redis_dbs: RedisDatabases, s3_endpoint: str,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, list[str]]]:
+    """An API alone (nobody validates a batch: it stays ``validating``), its own
+    database and Redis DB, and two projects' keys."""
+    with fresh_database(pg_admin_url) as url, redis_dbs.lend() as redis_url:
+        st = settings.model_copy(update={"database_url": url, "redis_url": redis_url})
+        stack = Stack(st, port=free_port(), extra_env={**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint,
+                                                       **LIMITS},
+                      log_dir=tmp_path_factory.mktemp("edge-logs"))
+        try:
+            stack.start(workers=False)
+            ctx = Context(st)
+            service.register_builtin_models(ctx)
+            keys = [service.create_tenant(ctx, f"edge-{i}")[1] for i in range(2)]
+            yield stack, keys
+        finally:
+            stack.stop()
+
+
+def connect(stack: Stack, source: str = "127.0.0.1") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", stack.port), timeout=10,
+                                 source_address=(source, 0))
+    return s
+
+
+def read_response(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One response off the socket: status, headers, body (by Content-Length)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response: {buf!r}")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def closed(s: socket.socket, within: float) -> bool:
+    """Whether the server closes the connection within ``within`` seconds."""
+    s.settimeout(within)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (TimeoutError, ConnectionResetError):
+        return False
+
+
+def assert_openai_error(status: int, headers: dict[str, str], body: bytes, want: int) -> dict:
+    assert status == want, body
+    assert headers["content-type"] == "application/json"
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def post_head(path: str, key: str | None, extra: str = "") -> bytes:
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    return (f"POST {path} HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+            f"{auth}{extra}\r\n").encode()
+
+
+BIG = "X-Big: " + "a" * 9000 + "\r\n"
+MANY = "".join(f"X-H{i}: 1\r\n" for i in range(150))
+PROTOCOL = {  # raw request -> status, error code
+    "header field over 8190 bytes": (f"GET /healthz HTTP/1.1\r\nHost: e\r\n{BIG}\r\n", 431,
+                                     "headers_too_large"),
+    "150 header fields": (f"GET /healthz HTTP/1.1\r\nHost: e\r\n{MANY}\r\n", 431,
+                          "headers_too_large"),
+    "request line over 8190 bytes": ("GET /v1/batches?after=" + "x" * 9000 +
+                                     " HTTP/1.1\r\nHost: e\r\n\r\n", 414, "uri_too_long"),
+    "NUL in a header value": ("GET /healthz HTTP/1.1\r\nHost: e\r\nX-A: a\x00b\r\n\r\n", 400,
+                              "invalid_http_request"),
+    "duplicate Content-Length": ("POST /healthz HTTP/1.1\r\nHost: e\r\nContent-Length: 1\r\n"
+                                 "Content-Length: 2\r\n\r\nab", 400, "invalid_http_request"),
+    "invalid Content-Length": ("POST /healthz HTTP/1.1\r\nHost: e\r\nContent-Length: x\r\n\r\n",
+                               400, "invalid_http_request"),
+    "Transfer-Encoding and Content-Length": ("POST /healthz HTTP/1.1\r\nHost: e\r\n"
+                                             "Content-Length: 5\r\nTransfer-Encoding: chunked"
+                                             "\r\n\r\n0\r\n\r\n", 400, "invalid_http_request"),
+    "duplicate Host": ("GET /healthz HTTP/1.1\r\nHost: e\r\nHost: f\r\n\r\n", 400,
+                       "invalid_http_request"),
+    "a made-up transfer coding": ("POST /healthz HTTP/1.1\r\nHost: e\r\nTransfer-Encoding: zip"
+                                  "\r\n\r\n", 501, "unsupported_transfer_coding"),
+    "merged slashes are no route": ("GET //v1//files HTTP/1.1\r\nHost: e\r\n\r\n", 404,
+                                    "not_found"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROTOCOL))
+def test_protocol_refusals_are_openai_errors(edge: tuple[Stack, list[str]], case: str) -> None:
+    raw, want, code = PROTOCOL[case]
+    with connect(edge[0]) as s:
+        s.sendall(raw.encode("latin-1"))
+        err = assert_openai_error(*read_response(s), want)
+    assert err["code"] == code
+
+
+CHUNKS = {"non-hex size": b"zz\r\nabc\r\n0\r\n\r\n", "negative size": b"-5\r\nabc\r\n0\r\n\r\n",
+          "missing terminator": b"3\r\nabcXX0\r\n\r\n"}
+
+
+@pytest.mark.parametrize("case", sorted(CHUNKS))
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/chat/completions", "/v1/batches",
+                                  "/v1/jobs", "/v1/files"])
+def test_malformed_chunked_bodies_are_400_and_close(edge: tuple[Stack, list[str]], case: str,
+                                                    path: str) -> None:
+    stack, keys = edge
+    with connect(stack) as s:
+        s.sendall(post_head(path, keys[0], "Transfer-Encoding: chunked\r\n") + CHUNKS[case])
+        status, headers, body = read_response(s)
+        assert_openai_error(status, headers, body, 400)
+        if path != "/v1/files":  # a JSON body is read; a file needs its multipart field first
+            assert "chunk" in json.loads(body)["error"]["message"].lower()
+        assert closed(s, within=5)  # where the next request would start is unknown
+
+
+def test_a_chunked_body_is_bounded_like_one_with_a_length(edge: tuple[Stack, list[str]]) -> None:
+    """The JSON body limit (64 MiB) holds for a chunked body: refused once the limit
+    is passed, long before the 150 MiB the client meant to send."""
+    stack, keys = edge
+    with connect(stack) as s:
+        s.sendall(post_head("/v1/embeddings", keys[0], "Transfer-Encoding: chunked\r\n"))
+        chunk = b"%x\r\n" % (1 << 20) + b"a" * (1 << 20) + b"\r\n"
+        sent = 0
+        try:
+            for _ in range(150):
+                s.sendall(chunk)
+                sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        err = assert_openai_error(*read_response(s), 413)
+    assert err["code"] == "payload_too_large" and sent < 150
+
+
+def test_a_head_that_trickles_is_408_and_the_api_serves_others(edge: tuple[Stack, list[str]]
+                                                               ) -> None:
+    stack, keys = edge
+    with connect(stack) as slow:
+        slow.sendall(b"GET /v1/models HTTP/1.1\r\nHost: e\r\n")  # the rest never comes
+        with connect(stack) as other:
+            other.sendall(models(keys[0]))
+            assert read_response(other)[0] == 200
+        err = assert_openai_error(*read_response(slow), 408)
+        assert err["code"] == "request_timeout"
+        assert closed(slow, within=5)
+
+
+def test_a_body_that_stops_is_408(edge: tuple[Stack, list[str]]) -> None:
+    stack, keys = edge
+    with connect(stack) as s:
+        s.sendall(post_head("/v1/embeddings", keys[0], "Content-Length: 100\r\n") + b'{"model"')
+        err = assert_openai_error(*read_response(s), 408)
+    assert err["code"] == "request_timeout"
+
+
+def test_idle_connections_are_closed(edge: tuple[Stack, list[str]]) -> None:
+    """A connection that sends nothing closes after the header timeout, one idle after
+    a request after the keep-alive timeout (2 s here), each without a word."""
+    stack, keys = edge
+    with connect(stack) as silent, connect(stack) as kept:
+        kept.sendall(models(keys[0]))
+        assert read_response(kept)[0] == 200
+        assert closed(silent, within=5) and closed(kept, within=5)
+
+
+def test_hundreds_of_slow_and_idle_clients_do_not_stop_the_api(edge: tuple[Stack, list[str]]
+                                                               ) -> None:
+    """Far more idle and slow-header connections than a thread per connection could
+    hold: the API still answers at once."""
+    stack, keys = edge
+    held: list[socket.socket] = []
+    try:
+        for i in range(300):
+            s = connect(stack, source=f"127.0.0.{2 + i % 3}")
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: e\r\n" if i % 2 else b"")
+            held.append(s)
+        client = OpenAI(base_url=stack.base_url + "/v1", api_key=keys[0], max_retries=0,
+                        timeout=5)
+        assert client.models.list().data
+        with connect(stack) as s:
+            s.sendall(models(keys[0]))
+            assert read_response(s)[0] == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_connections_from_one_address_are_capped(edge: tuple[Stack, list[str]]) -> None:
+    stack, keys = edge
+    held = [connect(stack, source="127.0.0.9") for _ in range(400)]
+    try:
+        with connect(stack, source="127.0.0.9") as extra:
+            err = assert_openai_error(*read_response(extra), 429)
+            assert err["code"] == "too_many_connections"
+        with connect(stack, source="127.0.0.10") as elsewhere:  # another client is served
+            elsewhere.sendall(models(keys[0]))
+            assert read_response(elsewhere)[0] == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def models(key: str) -> bytes:
+    """A request any live API answers 200, model workers or not."""
+    return f"GET /v1/models HTTP/1.1\r\nHost: e\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+
+
+def follow(stack: Stack, key: str, batch_id: str) -> socket.socket:
+    s = connect(stack)
+    s.sendall(f"GET /v1/batches/{batch_id}/events HTTP/1.1\r\nHost: e\r\n"
+              f"Authorization: Bearer {key}\r\n\r\n".encode())
+    return s
+
+
+def first_line(s: socket.socket) -> bytes:
+    buf = b""
+    while b"\r\n" not in buf:
+        buf += s.recv(4096)
+    return buf.split(b"\r\n")[0]
+
+
+def test_a_projects_streams_are_capped_and_a_closed_one_frees_its_slot(
+        edge: tuple[Stack, list[str]]) -> None:
+    stack, keys = edge
+    batches = []
+    for key in keys:
+        client = OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0)
+        f = upload(client, jsonl([emb_line(0, "hello")]))
+        batches.append(client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                                             completion_window="24h").id)
+    followers = [follow(stack, keys[0], batches[0]) for _ in range(3)]
+    try:
+        assert all(first_line(s).startswith(b"HTTP/1.1 200") for s in followers)
+        with follow(stack, keys[0], batches[0]) as fourth:
+            err = assert_openai_error(*read_response(fourth), 429)
+            assert "streams" in err["message"]
+        with follow(stack, keys[1], batches[1]) as other:  # another project is not held up
+            assert first_line(other).startswith(b"HTTP/1.1 200")
+        followers.pop().close()  # noticed at its next keep-alive (0.5 s here)
+        deadline = time.monotonic() + 10
+        while True:
+            s = follow(stack, keys[0], batches[0])
+            line = first_line(s)
+            if line.startswith(b"HTTP/1.1 200"):
+                followers.append(s)
+                break
+            s.close()
+            assert time.monotonic() < deadline, "the closed stream's slot never came back"
+            time.sleep(0.2)
+    finally:
+        for s in followers:
+            s.close()
+
+
+def test_followers_of_batches_cost_one_read_a_poll(tenant_key: str, ctx: Context,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """150 streams following 3 batches at once: each poll is one read of the 3, and
+    every follower gets its own batch's state."""
+    tenant_id, _ = service.authenticate(ctx, tenant_key)
+    batches = []
+    for i in range(3):
+        f = service.create_file(ctx, tenant_id, f"w{i}.jsonl", "batch",
+                                io.BytesIO(jsonl([emb_line(0, "x")])))
+        batches.append(service.create_batch(ctx, tenant_id, BatchCreate(
+            input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")).id)
+    reads: list[int] = []
+    real = progress.read_many
+
+    def counted(c: Context, keys: list[progress.Key]) -> dict[progress.Key, progress.Snapshot]:
+        reads.append(len(keys))
+        return real(c, keys)
+
+    monkeypatch.setattr(progress, "read_many", counted)
+    watcher = progress.Watcher(ctx, poll_s=0.5)
+    firsts = [progress.read(ctx, tenant_id, b) for b in batches]
+    with contextlib.ExitStack() as held:
+        nexts = [(f.batch.id, held.enter_context(watcher.following(tenant_id, f)))
+                 for f in firsts for _ in range(50)]
+        with ThreadPoolExecutor(len(nexts)) as pool:
+            got = list(pool.map(lambda n: (n[0], n[1]().batch.id), nexts))
+    assert all(want == seen for want, seen in got)
+    assert reads and set(reads) == {3} and len(reads) < 10  # not one read per follower
+    assert watcher.followed() == 0
