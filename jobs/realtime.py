@@ -21,6 +21,7 @@ from jobs import logs, tracing
 from jobs.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.models import new_id
 from jobs.status import BreakerState, StreamEvent
+from storage import pubsub
 
 QUEUE = "inferq:queue:realtime"  # the prefix of each model's list
 WORKERS = "inferq:workers:"
@@ -205,7 +206,8 @@ class StreamBroken(InferqError):
 
 
 class TokenStream:
-    """One generation request on the realtime lane, its events read from pub/sub.
+    """One generation request on the realtime lane, its events read from pub/sub (on
+    the process's one pub/sub connection, ``storage.pubsub``).
 
     The subscription is confirmed before the request is enqueued, so no event can
     be published before someone listens. Events carry a sequence number: a gap
@@ -222,21 +224,17 @@ class TokenStream:
         self.version, self.place = version, place
         self.first_event_s, self.idle_s, self.keepalive_s = first_event_s, idle_s, keepalive_s
         self.id = new_id("req_")
-        self.pubsub = r.pubsub(ignore_subscribe_messages=False)
+        self.sub: pubsub.Subscription | None = None
         self.expected = 0
         self.finished = False
 
     def open(self, max_queue: int = 1000) -> dict[str, Any]:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
         admitted = admit(self.r, self.body["model"], max_queue, self.version, self.place)
-        self.pubsub.subscribe(stream_channel(self.id))
-        deadline = time.monotonic() + 5
-        while True:  # wait for the server's confirmation of the subscription
-            msg = self.pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-            if msg and msg["type"] == "subscribe":
-                break
-            if time.monotonic() > deadline:
-                raise Unavailable("could not subscribe to the token stream", retry_after=2)
+        try:  # confirmed by the server before the request is sent
+            self.sub = pubsub.hub(self.r).subscribe(stream_channel(self.id))
+        except TimeoutError:
+            raise Unavailable("could not subscribe to the token stream", retry_after=2) from None
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
                "deadline": time.time() + self.first_event_s, "enqueued_at": time.time(),
                "version": self.version, **self.payer}
@@ -275,10 +273,11 @@ class TokenStream:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            msg = self.pubsub.get_message(timeout=left)
-            if msg is None or msg["type"] != "message":
+            assert self.sub is not None, "open() first"
+            data = self.sub.get(left)
+            if data is None:
                 continue
-            ev: dict[str, Any] = orjson.loads(msg["data"])
+            ev: dict[str, Any] = orjson.loads(data)
             if ev["n"] != self.expected:
                 raise StreamBroken(f"the token stream lost events ({self.expected} expected, "
                                    f"{ev['n']} received)")
@@ -306,7 +305,8 @@ class TokenStream:
                 self.r.publish(CANCEL_CHANNEL, self.id)
             except redis.RedisError:
                 pass
-        self.pubsub.close()
+        if self.sub is not None:
+            self.sub.close()
 
 
 def error_from_event(ev: dict[str, Any]) -> InferqError:
