@@ -44,7 +44,7 @@ Expiry = Annotated[int, Field(strict=True, ge=1, le=MAX_EXPIRY_S)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 def _name(v: str | None) -> str | None:

@@ -35,7 +35,7 @@ class RolloutStep(BaseModel):
     of the name cleared) or ``rollback`` (of ``version``; of every canary and shadow
     when no version is given)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     version: str | None = Field(default=None, max_length=64)
     weight: Share | None = None
@@ -47,7 +47,7 @@ class PoolBody(BaseModel):
     """A version's warm pool: copies kept resident, and the idle time after which an
     extra copy is unloaded (null: never)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     min_resident: Annotated[int, Field(strict=True, ge=0, le=10_000)] | None = None
     idle_unload_s: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = None

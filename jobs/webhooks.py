@@ -162,7 +162,7 @@ def check_target(ctx: Context, url: str, param: str) -> None:
 
 
 class EndpointCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     event_types: list[str] = Field(min_length=1, max_length=len(EVENT_TYPES))
     name: str = Field(min_length=1, max_length=NAME_MAX)
@@ -170,7 +170,7 @@ class EndpointCreate(BaseModel):
 
 
 class EndpointUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     event_types: list[str] | None = Field(default=None, min_length=1,
                                           max_length=len(EVENT_TYPES))
@@ -179,13 +179,13 @@ class EndpointUpdate(BaseModel):
 
 
 class RotateSecret(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     keep_old_secret_active_for_24_hours: bool = False
 
 
 class TestSend(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     event_type: str = Field(max_length=64)
 

@@ -522,3 +522,37 @@ def test_a_dataset_for_another_endpoint_names_each_endpoints_column(ctx: Context
     assert "needs a custom_id column and an input column" in message
     assert "messages for /v1/chat/completions" in message
     assert "input for /v1/embeddings" in message
+
+
+def test_a_line_whose_values_have_the_wrong_json_type_gets_an_error_line(ctx: Context) -> None:
+    """As a direct call: no string is a number or a boolean, no boolean a number."""
+    chat = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def gen(i: str, **params: Any) -> dict[str, Any]:
+        return {"custom_id": i, "method": "POST", "url": chat,
+                "body": {"model": CHAT_MODEL, "messages": msgs, **params}}
+
+    rows = [gen("bool-int", max_tokens=True), gen("str-float", temperature="0.5"),
+            gen("str-bool", stream="yes"), gen("float-int", max_tokens=4.0),
+            gen("ok", max_tokens=4, temperature=1, top_p=0.5, seed=3)]
+    plan, batch_id = shard(ctx, jsonl(rows), endpoint=chat)
+    assert plan.errors == [] and plan.total == 5 and plan.invalid == 4
+    errs = {e["custom_id"]: e["response"] for e in
+            map(orjson.loads, ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines())}
+    assert {k: (r["status_code"], r["body"]["error"]["param"]) for k, r in errs.items()} == {
+        "bool-int": (400, "max_tokens"), "str-float": (400, "temperature"),
+        "str-bool": (400, "stream"), "float-int": (400, "max_tokens")}
+    assert "expected an integer, got a boolean (true)" in \
+        errs["bool-int"]["body"]["error"]["message"]
+    (shard_rows,) = shard_rows_of(ctx, batch_id)
+    assert [r["custom_id"] for r in shard_rows] == ["ok"]
+    assert json.loads(shard_rows[0]["body"])["temperature"] == 1.0
+
+    rows = [line("ids", [[True, False]]), line("dims", "x"), line("ok", [[1, 2]])]
+    rows[1]["body"]["dimensions"] = "8"
+    plan, batch_id = shard(ctx, jsonl(rows))
+    assert plan.errors == [] and plan.total == 3 and plan.invalid == 2
+    errs = {e["custom_id"]: e["response"]["body"]["error"] for e in
+            map(orjson.loads, ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines())}
+    assert (errs["req-ids"]["param"], errs["req-dims"]["param"]) == ("input.0.0", "dimensions")
