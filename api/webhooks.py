@@ -12,8 +12,9 @@ from flask import Blueprint, g, request
 
 from api import context
 from api.schemas import ID, json_body, page, page_params
+from jobs import deliveries as outbox
 from jobs import webhooks
-from jobs.errors import NotFound, shown
+from jobs.errors import InvalidRequest, NotFound, shown
 from jobs.requests import parse_model
 
 bp = Blueprint("webhooks", __name__)
@@ -77,11 +78,20 @@ def rotate_secret(webhook_endpoint_id: str) -> Any:
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/test")
 def test(webhook_endpoint_id: str) -> Any:
+    """A result (``success: true``) only for a test that delivered, by the rule of every
+    delivery (a 2xx answer); any other answer is a 400 ``webhook_test_failed`` saying
+    what the endpoint answered, no answer at all a 400 ``webhook_unreachable``."""
     e = webhooks.get_endpoint(context(), g.tenant_id, webhook_endpoint_id)
     req = parse_model(webhooks.TestSend, json_body())
-    status = webhooks.send_test(context(), e, req.event_type)
+    outcome = outbox.send_test(context(), e, req.event_type)
+    if outcome.status is None:
+        raise InvalidRequest(f"the endpoint did not answer: {outcome.error}",
+                             param="webhook_endpoint_id", code="webhook_unreachable")
+    if not outcome.delivered:
+        raise InvalidRequest(f"the test event was not delivered: {outcome.failure}",
+                             param="webhook_endpoint_id", code="webhook_test_failed")
     return {"object": "webhook_endpoint.test", "webhook_endpoint_id": webhook_endpoint_id,
-            "event_type": req.event_type, "status_code": status, "success": True}
+            "event_type": req.event_type, "status_code": outcome.status, "success": True}
 
 
 @bp.get("/webhook_event_types")

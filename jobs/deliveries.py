@@ -13,7 +13,8 @@ worker, a lost connection) is simply due again then; nothing about a delivery li
 outside PostgreSQL. Results are written back fenced by the claim's token (a resend in
 the meantime wins), one attempt row each in the delivery log.
 
-A 2xx answer delivers it. Anything else (another status, a timeout, a refused
+A 2xx answer delivers it (``Outcome.delivered``, the rule a test delivery,
+``send_test``, is judged by too). Anything else (another status, a timeout, a refused
 connection, a target that now resolves to a refused address) is tried again after
 ``webhook_retry_base_s * 2^(attempt-1)`` seconds (capped at ``webhook_retry_max_s``)
 times a random factor in [0.5, 1], until ``webhook_retry_period_s`` after the event;
@@ -38,13 +39,15 @@ from sqlalchemy import Table, bindparam, func, select, update
 
 from jobs import webhooks
 from jobs.context import Context
-from jobs.errors import shown
+from jobs.errors import InvalidRequest, shown
 from jobs.models import (
     WebhookAttempt,
     WebhookCallbackSecret,
     WebhookDelivery,
     WebhookEndpoint,
     WebhookEvent,
+    new_id,
+    now,
 )
 from jobs.status import DeliveryStatus
 from storage import outbound
@@ -75,7 +78,18 @@ class Outcome:
 
     @property
     def delivered(self) -> bool:
+        """The one rule of every delivery, a test's included: a 2xx answer."""
         return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def failure(self) -> str | None:
+        """Why the attempt did not deliver, in words; None when it did."""
+        if self.delivered:
+            return None
+        if self.status is None:
+            return f"no answer ({self.error})"
+        why = " (redirects are not followed)" if 300 <= self.status < 400 else ""
+        return f"the endpoint answered {self.status}; a delivery needs a 2xx answer{why}"
 
 
 def backoff(ctx: Context, attempt: int) -> float:
@@ -153,23 +167,49 @@ def claim(ctx: Context, limit: int) -> list[Claimed]:
     return out
 
 
-def send(ctx: Context, c: Claimed) -> Outcome:
-    """One attempt: signed now; never raises for what the receiver or network did."""
+def post(ctx: Context, url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+    """One POST with the delivery settings (timeouts, allowed hosts, response bytes
+    kept); raises OutboundRefused for a target that may not be sent to."""
     st = ctx.settings
     started = time.time()
     t0 = time.monotonic()
+    res = outbound.post(url, body, headers, allow_hosts=st.webhook_allow_host_set,
+                        connect_timeout=st.webhook_connect_timeout_s,
+                        read_timeout=st.webhook_read_timeout_s,
+                        max_body=st.webhook_max_response_bytes)
+    return Outcome(started, int((time.monotonic() - t0) * 1000), res.status, res.error)
+
+
+def send(ctx: Context, c: Claimed) -> Outcome:
+    """One attempt: signed now; never raises for what the receiver or network did."""
+    started = time.time()
+    t0 = time.monotonic()
     try:
-        res = outbound.post(c.url, c.body, webhooks.signed_headers(c.id, c.body, list(c.keys)),
-                            allow_hosts=st.webhook_allow_host_set,
-                            connect_timeout=st.webhook_connect_timeout_s,
-                            read_timeout=st.webhook_read_timeout_s,
-                            max_body=st.webhook_max_response_bytes)
-        status, error = res.status, res.error
+        return post(ctx, c.url, c.body, webhooks.signed_headers(c.id, c.body, list(c.keys)))
     except outbound.OutboundRefused as e:
         status, error = None, f"refused: {e}"
     except Exception as e:  # noqa: BLE001 - an attempt that failed in a way we did not foresee
         status, error = None, f"{type(e).__name__}: {shown(e, 300)}"
     return Outcome(started, int((time.monotonic() - t0) * 1000), status, error)
+
+
+def send_test(ctx: Context, e: WebhookEndpoint, event_type: str) -> Outcome:
+    """Send a sample event of ``event_type`` to the endpoint now, signed as a delivery
+    is, and judged by the same rule (``Outcome.delivered``); nothing is recorded. A URL
+    that may not be sent to is a 400 ``invalid_url``."""
+    if event_type not in webhooks.EVENT_TYPES:
+        raise InvalidRequest(f"event_type: {shown(event_type)} is not an event this service "
+                             f"sends; one of {', '.join(webhooks.EVENT_TYPES)}",
+                             param="event_type", code="unsupported_event_type")
+    event_id = new_id("evt_")
+    subject = ("batch_" if event_type.startswith("batch.") else "job_") + "test"
+    body = webhooks.event_body(event_id, event_type, subject, now()).encode()
+    headers = webhooks.signed_headers(new_id("wh_"), body, webhooks.active_secrets(e))
+    try:
+        return post(ctx, e.url, body, headers)
+    except outbound.OutboundRefused as err:
+        raise InvalidRequest(f"the endpoint's URL is refused: {err}", param="url",
+                             code="invalid_url") from None
 
 
 def record(ctx: Context, done: list[tuple[Claimed, Outcome]]) -> None:
@@ -194,7 +234,7 @@ def record(ctx: Context, done: list[tuple[Claimed, Outcome]]) -> None:
                       if nxt > c.give_up_at else DeliveryStatus.PENDING)
             if status == DeliveryStatus.FAILED:
                 log.warning("webhook delivery %s failed for good after %d attempts: %s",
-                            c.id, c.attempt, o.error or o.status)
+                            c.id, c.attempt, o.failure)
             moves.append({"b_id": c.id, "b_token": c.token, "b_status": str(status),
                           "b_next": nxt, "b_delivered": t if o.delivered else None,
                           "b_code": o.status, "b_error": o.error})

@@ -283,32 +283,6 @@ def rotate_secret(ctx: Context, tenant_id: str, endpoint_id: str, keep_old: bool
         return e
 
 
-def send_test(ctx: Context, e: WebhookEndpoint, event_type: str) -> int:
-    """Send a sample event of ``event_type`` to the endpoint now; the status code it
-    answered. No response at all is a 400 saying why (nothing is recorded)."""
-    if event_type not in EVENT_TYPES:
-        raise InvalidRequest(f"event_type: {shown(event_type)} is not an event this service "
-                             f"sends; one of {', '.join(EVENT_TYPES)}", param="event_type",
-                             code="unsupported_event_type")
-    event_id = new_id("evt_")
-    subject = ("batch_" if event_type.startswith("batch.") else "job_") + "test"
-    body = event_body(event_id, event_type, subject, now()).encode()
-    st = ctx.settings
-    try:
-        res = outbound.post(e.url, body, signed_headers(new_id("wh_"), body, active_secrets(e)),
-                            allow_hosts=st.webhook_allow_host_set,
-                            connect_timeout=st.webhook_connect_timeout_s,
-                            read_timeout=st.webhook_read_timeout_s,
-                            max_body=st.webhook_max_response_bytes)
-    except outbound.OutboundRefused as err:
-        raise InvalidRequest(f"the endpoint's URL is refused: {err}", param="url",
-                             code="invalid_url") from None
-    if res.status is None:
-        raise InvalidRequest(f"the endpoint did not answer: {res.error}",
-                             param="webhook_endpoint_id", code="webhook_unreachable")
-    return res.status
-
-
 def endpoint_object(e: WebhookEndpoint, with_secret: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"id": e.id, "object": "webhook_endpoint", "created_at": e.created_at,
                            "updated_at": e.updated_at, "name": e.name, "url": e.url,

@@ -1,7 +1,8 @@
 """A webhook receiver for tests: a real HTTP server on 127.0.0.1 (http.server in a
 thread) that records every request and answers as its ``plan`` says, by the attempt
-number of the request's ``webhook-id``: "ok" (200), "fail" (500) or "hang" (no answer
-for ``hang_s``: the sender's read timeout)."""
+number of the request's ``webhook-id``: "ok" (200), "fail" (500), "hang" (no answer
+for ``hang_s``: the sender's read timeout) or a status code ("302", "401": that status,
+a redirect with a ``location``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
-    answer: str  # ok | fail | hang
+    answer: str  # ok | fail | hang | a status code
     at: float
 
     @property
@@ -50,8 +51,11 @@ class Receiver:
                                                      time.time()))
                 if answer == "hang":
                     time.sleep(receiver.hang_s)
+                status = 200 if answer == "ok" else int(answer) if answer.isdigit() else 500
                 try:
-                    self.send_response(200 if answer == "ok" else 500)
+                    self.send_response(status)
+                    if 300 <= status < 400:
+                        self.send_header("location", "/elsewhere")
                     self.send_header("content-length", "2")
                     self.end_headers()
                     self.wfile.write(b"{}")

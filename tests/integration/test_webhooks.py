@@ -177,6 +177,36 @@ def test_unknown_event_types_and_a_missing_callback_secret_are_400(wstack: Any,
     assert e.value.code == "callback_secret_missing"
 
 
+@pytest.mark.parametrize("answer", ["200", "302", "401", "405", "500", "refused"])
+def test_a_test_delivery_succeeds_only_when_a_delivery_would(wstack: Any, answer: str) -> None:
+    """The rule of real deliveries (a 2xx answer, redirects not followed): a test
+    answered otherwise is a 400 saying what the endpoint answered, never a success."""
+    sdk = sdk_for(wstack, wstack.api_key)
+    with receiver(lambda _wid, _n: answer) as rx:
+        url = (f"http://127.0.0.1:{free_port()}/hook" if answer == "refused"  # nothing listens
+               else rx.url())
+        endpoint = sdk.webhooks.create(name="probe", url=url, event_types=["batch.failed"])
+        try:
+            if answer == "200":
+                result = sdk.webhooks.test(endpoint.id, event_type="batch.failed")
+                assert (result.success, result.status_code) == (True, 200)
+            else:
+                with pytest.raises(openai.BadRequestError) as e:
+                    sdk.webhooks.test(endpoint.id, event_type="batch.failed")
+                assert e.value.param == "webhook_endpoint_id", e.value.body
+                if answer == "refused":
+                    assert e.value.code == "webhook_unreachable", e.value.body
+                    assert "did not answer" in e.value.message
+                else:
+                    assert e.value.code == "webhook_test_failed", e.value.body
+                    assert f"answered {answer}" in e.value.message
+                    assert ("redirects are not followed" in e.value.message) == \
+                        answer.startswith("3")
+            assert [r.answer for r in rx.requests] == ([] if answer == "refused" else [answer])
+        finally:
+            sdk.webhooks.delete(endpoint.id)
+
+
 def flaky(_wid: str, n: int) -> str:
     """Each delivery: a 500, then a timeout, then accepted."""
     return {1: "fail", 2: "hang"}.get(n, "ok")
