@@ -1,4 +1,5 @@
-"""/healthz and /readyz (the stack can take work) and /metrics."""
+"""/healthz and /readyz (the stack can take work) and /metrics (with the metrics token
+or an admin key)."""
 
 from __future__ import annotations
 
@@ -53,5 +54,7 @@ def readyz() -> Any:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    """Prometheus text format: the API's series (api/metrics.py)."""
+    """Prometheus text format: the API's series (api/metrics.py), for the metrics token
+    or an admin key only."""
+    api_metrics.authorize(context())
     return api_metrics.exposition()

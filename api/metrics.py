@@ -1,25 +1,33 @@
 """The API's Prometheus series, served on GET /metrics (api/health.py).
 
 Per request: its latency (until the response, a stream's included, is fully sent)
-by route, method, lane, model and status; a count by route, method, status and
-project; errors by status and code (the ``code`` of the OpenAI error body). Labels
-are bounded: ``route`` is the URL rule (``/v1/batches/<batch_id>``), never the path;
-``model`` is one the catalog validated (set by ``api.admit``), else empty; project
-is the authenticated project's id.
+by route, method, lane, model and status; a count by route, method and status; errors
+by status and code (the ``code`` of the OpenAI error body). Every label takes values
+this service defines, never one a client makes up: ``route`` is the URL rule
+(``/v1/batches/<batch_id>``), never the path, and ``<unmatched>`` for a path no rule
+serves; ``method`` is one of ``METHODS`` or ``other``; ``model`` one the catalog
+validated (set by ``api.admit``), else empty. No project, key or request id is a
+label: what each project used is in usage accounting (``/v1/organization/usage``).
 
 At scrape time: the depth of every lane's queue in Redis (``QueueDepthCollector``):
 the Celery lists of control, batch and flex, the jobs list and each model's
 realtime list (``jobs.dashboard.queue_depths``).
 
-One process per API: the API runs as one gunicorn process with threads
-(``cli/stack.py`` ``api_command``, ``docker/Dockerfile.api``), so this process's
-registry holds all of its series; more capacity is more API processes (containers,
-replicas), each scraped as its own target. Under ``gunicorn -w N`` each scrape would
-see one of the N processes only, which is why the API does not run that way.
+Who may read them (``authorize``): a request with ``Authorization: Bearer`` and the
+metrics token (``INFERQ_METRICS_TOKEN``, compared in constant time; what Prometheus
+sends), or with an admin key. Anyone else is answered 401 (a project key 403), in the
+OpenAI error shape.
+
+One process per API: the API runs as one gunicorn process (``cli/stack.py``
+``api_command``, ``docker/Dockerfile.api``), so this process's registry holds all of
+its series; more capacity is more API processes (containers, replicas), each scraped
+as its own target. Under ``gunicorn -w N`` each scrape would see one of the N
+processes only, which is why the API does not run that way.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,16 +45,23 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import dashboard
+from jobs import dashboard, service
+from jobs.context import Context
+from jobs.errors import PermissionDenied, Unauthorized
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REQUEST_SECONDS = Histogram("inferq_api_request_seconds",
                             "API request latency, until the response is fully sent",
                             ["route", "method", "lane", "model", "status"], buckets=BUCKETS)
 REQUESTS = Counter("inferq_api_requests", "API requests answered",
-                   ["route", "method", "status", "project"])
+                   ["route", "method", "status"])
 ERRORS = Counter("inferq_api_errors", "API error responses, by the error body's code",
                  ["route", "status", "code"])
+
+# The methods a request is counted under; any other (a client may send any token as a
+# method) is "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "<unmatched>"  # the route of a request that no URL rule serves
 
 # The lane a route's work runs on.
 LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime",
@@ -91,12 +106,12 @@ def register(app: Flask, r: redis.Redis) -> None:
         t0 = g.get("metrics_t0")
         if t0 is None:
             return resp
-        route = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-        method, status = request.method, str(resp.status_code)
+        route = request.url_rule.rule if request.url_rule is not None else UNMATCHED
+        method = request.method if request.method in METHODS else "other"
+        status = str(resp.status_code)
         lane = LANE_OF_ROUTE.get(route, "") if method == "POST" else ""
         model = str(g.get("metrics_model") or "")
-        project = str(g.get("tenant_id") or "")
-        REQUESTS.labels(route, method, status, project).inc()
+        REQUESTS.labels(route, method, status).inc()
         if resp.status_code >= 400:
             ERRORS.labels(route, status, _error_code(resp)).inc()
         hist = REQUEST_SECONDS.labels(route, method, lane, model, status)
@@ -111,6 +126,29 @@ def _error_code(resp: Response) -> str:
     err = body.get("error") if isinstance(body, dict) else None
     code = err.get("code") if isinstance(err, dict) else None
     return code if isinstance(code, str) else ""
+
+
+def authorize(ctx: Context) -> None:
+    """Let the request read the metrics, or raise: the metrics token (constant time, no
+    database needed) or an admin key; none, or another, is a 401, a project key 403."""
+    header = request.headers.get("Authorization", "")
+    key = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    token = ctx.settings.metrics_token
+    if token and key and hmac.compare_digest(key.encode(), token.encode()):
+        return
+    challenge = {"www-authenticate": 'Bearer realm="metrics"'}
+    if not key:
+        raise Unauthorized("Missing credentials: /metrics needs 'Authorization: Bearer "
+                           "<metrics token>' (INFERQ_METRICS_TOKEN) or an admin key",
+                           headers=challenge)
+    try:
+        service.authenticate_admin(ctx, key)
+    except PermissionDenied:
+        raise PermissionDenied("a project API key cannot read /metrics: send the metrics "
+                               "token (INFERQ_METRICS_TOKEN) or an admin key") from None
+    except Unauthorized:
+        raise Unauthorized("Incorrect metrics token or admin key provided",
+                           headers=challenge) from None
 
 
 def exposition() -> Response:

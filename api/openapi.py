@@ -110,7 +110,7 @@ ERRORS: dict[str, set[int]] = {
     "batches.create": {404}, "batches.cancel": {409},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
     "inference.completions": {413, 429, 504}, "jobs.create": {429},
-    "webhooks.callback_secret": {404},
+    "webhooks.callback_secret": {404}, "health.metrics": {401, 403},
     "admin.create_project": {409}, "admin.update_project": {409},
     "admin.archive_project": {409}, "admin.create_service_account": {409},
     "admin.create_key": {409}, "admin.update_rate_limit": {409}}
@@ -305,6 +305,8 @@ def _operation(rule: Rule, method: str) -> tuple[dict[str, Any], set[type[BaseMo
     bp_name = endpoint.split(".")[0]
     if bp_name in ADMINISTERED:
         op["security"] = [{"admin": []}]
+    elif endpoint == "health.metrics":
+        op["security"] = [{"metrics": []}, {"admin": []}]
     elif bp_name in AUTHENTICATED or (bp_name not in ("health", "openapi", "static")
                                       and rule.rule.startswith("/v1/")):
         op["security"] = [{"bearer": []}]
@@ -338,7 +340,10 @@ def spec() -> dict[str, Any]:
                                "bearer": {"type": "http", "scheme": "bearer",
                                           "description": "a project API key"},
                                "admin": {"type": "http", "scheme": "bearer",
-                                         "description": "an admin key (the Admin API)"}}}}
+                                         "description": "an admin key (the Admin API)"},
+                               "metrics": {"type": "http", "scheme": "bearer",
+                                           "description": "the metrics token "
+                                           "(INFERQ_METRICS_TOKEN) of GET /metrics"}}}}
 
 
 @bp.get("/openapi.json")

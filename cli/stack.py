@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KEY_FILE, ADMIN_KEY_FILE = "dev-api-key", "admin-api-key"
+METRICS_TOKEN_FILE = "metrics-token"  # the API's /metrics, when no INFERQ_METRICS_TOKEN
 LOCAL_WEBHOOK_HOSTS = "127.0.0.1"  # allowed webhook receivers of a stack that sets none
 
 
@@ -301,6 +302,9 @@ class Stack:
         self.admin_key = self.admin_api_key()
         service.ensure_admin_key(ctx, self.admin_key)
         ctx.close()
+        if not self.settings.metrics_token:  # every child, the API included, gets it
+            self.settings = self.settings.model_copy(update={"metrics_token": _key_file(
+                self.settings.data_dir / METRICS_TOKEN_FILE, "iq-metrics-")})
         if workers:
             self.spawn("worker-control", worker_command("control", "control"),
                        INFERQ_LANES="control")

@@ -127,6 +127,11 @@ class Settings(BaseSettings):
     # per container, as in docker/compose.yaml).
     worker_metrics_host: str = "127.0.0.1"
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
+    # Who may read the API's GET /metrics (api/metrics.py): a request with
+    # `Authorization: Bearer <metrics_token>` (what Prometheus sends), or with an admin
+    # key; anyone else is answered 401. Empty: an admin key only. `inferq up` makes one
+    # (<data dir>/metrics-token) when none is set.
+    metrics_token: str = ""
 
     # Admission control of the realtime lane (jobs/admission.py). With an objective set, a
     # realtime request whose predicted time to first token at realtime_slo_percentile

@@ -3,7 +3,8 @@
 Every pool child (model lanes and control) starts ``serve`` after the fork and
 announces the URL in its heartbeat (``metrics_url``); ``inferq up`` prints them and
 ``docker/prometheus.yml`` scrapes them. Labels stay bounded: lane, model, kind,
-task; never a request id or a project (project is on the API's request series).
+task; never a request id, a project or a key (what a project used is in usage
+accounting, not in any series).
 
 Series measured per event (histograms, counters) are recorded by the engines and
 lanes through the ``record_*`` / ``observe_*`` functions here; the ones that are a

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import orjson
 import pytest
@@ -36,6 +36,7 @@ MODEL = "all-MiniLM-L6-v2"
 # arrival may find at most 3 requests in the system.
 SERVICE = {MODEL: {"rate": 20.0, "servers": 1, "first_s": 0.05, "requests": 200}}
 ADMISSIBLE = 3
+TOKEN = "admission-metrics-token"  # the metrics token of the apps made here
 
 
 def beat(r: redis_lib.Redis, name: str = "test-worker",
@@ -47,7 +48,7 @@ def beat(r: redis_lib.Redis, name: str = "test-worker",
 
 @pytest.fixture
 def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
-    st = own_settings.model_copy(update={"realtime_ttft_slo_s": 0.5,
+    st = own_settings.model_copy(update={"realtime_ttft_slo_s": 0.5, "metrics_token": TOKEN,
                                          "realtime_slo_percentile": 0.99,
                                          "admission_window_s": 30})
     ctx = Context(st)
@@ -103,7 +104,9 @@ def wait_in_system(r: redis_lib.Redis, n: int, window_s: int) -> None:
 
 
 def scrape(app: Any) -> dict[str, list[Any]]:
-    text = app.test_client().get("/metrics").get_data(as_text=True)
+    got = app.test_client().get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert got.status_code == 200, got.get_data(as_text=True)
+    text = got.get_data(as_text=True)
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
@@ -296,7 +299,8 @@ def test_a_real_worker_measures_its_service_rate(fstack, fsdk, workers) -> None:
     res = run_cli(["capacity", "--lane", "realtime", "--rate", "1", "--slo", "1"],
                   fstack.settings, INFERQ_REDIS_URL=fstack.settings.redis_url)
     assert res.exit_code == 0 and "measured by 1 live worker(s)" in res.output, res.output
-    with urlopen(fstack.base_url + "/metrics") as resp:
+    with urlopen(Request(fstack.base_url + "/metrics", headers={
+            "Authorization": f"Bearer {fstack.settings.metrics_token}"})) as resp:
         text = resp.read().decode()
     fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
     assert [s.value for s in fams["inferq_desired_workers"]] == [1.0]  # 12 requests: 1 will do

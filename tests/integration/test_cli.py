@@ -89,7 +89,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
             break
         proc.wait(10)
     assert first.startswith("inferq is up"), first + stderr.read_text()
-    banner = [proc.stdout.readline() for _ in range(4)]  # keys, data dir, "metrics (N …):"
+    banner = [proc.stdout.readline() for _ in range(5)]  # keys, token, data dir, "metrics (N …):"
     assert banner[-1].startswith("metrics ("), banner
     count = int(banner[-1].split("(")[1].split()[0])
     urls = [proc.stdout.readline() for _ in range(count)]
@@ -112,13 +112,21 @@ def test_up_writes_where_its_stack_is(up: Up) -> None:
 
 
 def test_up_prints_each_process_metrics_url(up: Up) -> None:
-    from urllib.request import urlopen
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
 
     assert up.metrics["api"] == f"http://127.0.0.1:{up.port}/metrics"
     workers = [k for k in up.metrics if k != "api"]
     assert len(workers) == 2 and sum(k.endswith("(control)") for k in workers) == 1, workers
-    for url in up.metrics.values():
-        with urlopen(url, timeout=10) as r:
+    # the API's metrics need the token `up` made and printed
+    token = (up.data_dir / "metrics-token").read_text().strip()
+    assert token.startswith("iq-metrics-") and f"metrics token: {token}" in up.banner
+    with pytest.raises(HTTPError) as e:
+        urlopen(up.metrics["api"], timeout=10)
+    assert e.value.code == 401
+    for name, url in up.metrics.items():
+        auth = {"Authorization": f"Bearer {token}"} if name == "api" else {}
+        with urlopen(Request(url, headers=auth), timeout=10) as r:
             assert b"# TYPE inferq_" in r.read()
 
 

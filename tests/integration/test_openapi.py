@@ -166,10 +166,11 @@ def _examples(operation: Any, mode: GenerationMode, call: Any,
 
 def test_answers_conform_to_the_description(world, api_schema, ids) -> None:  # type: ignore[no-untyped-def]
     """A few valid and a few invalid requests per operation, with the admin key on the
-    Admin API and the project key everywhere else; then valid ones about real objects
+    Admin API and /metrics and the project key everywhere else; then valid ones about real objects
     (their ids in the path), so the success answers are checked too."""
     def call(case: Any) -> None:
-        key = world["admin"] if case.path.startswith("/v1/organization/") else world["key"]
+        admin = case.path.startswith("/v1/organization/") or case.path == "/metrics"
+        key = world["admin"] if admin else world["key"]
         response = case.call(headers={"Authorization": f"Bearer {key}"})
         seen.setdefault(case.operation.definition.raw.get("operationId"), set()).add(
             response.status_code)
@@ -205,7 +206,7 @@ def test_answers_conform_to_the_description(world, api_schema, ids) -> None:  # 
     assert {"files.retrieve", "files.content", "batches.retrieve", "batches.events",
             "jobs.retrieve", "webhooks.retrieve", "webhooks.rotate_secret", "models.retrieve",
             "admin.retrieve_project", "admin.retrieve_key", "usage.costs",
-            "batches.create", "jobs.create", "webhooks.create"} <= succeeded
+            "batches.create", "jobs.create", "webhooks.create", "health.metrics"} <= succeeded
     for op in ("inference.embeddings", "inference.chat_completions", "inference.completions"):
         assert 503 in seen[op], seen[op]  # no worker: refused at once, a stream included
     assert not failures, "\n\n".join(failures)

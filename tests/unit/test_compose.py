@@ -84,3 +84,14 @@ def test_mounted_files_exist_and_prometheus_scrapes_every_metrics_service(
                if "INFERQ_WORKER_METRICS_PORT" in svc.get("environment", {})} | {"api"}
     assert serving <= scraped, serving - scraped
     assert scraped <= set(config["services"]), scraped - set(config["services"])
+
+
+def test_prometheus_sends_the_token_the_api_asks_for() -> None:
+    """The API's /metrics answers its metrics token only: the scrape job of the API
+    carries the token compose gives the API (read as YAML, anchors resolved)."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    token = compose["services"]["api"]["environment"]["INFERQ_METRICS_TOKEN"]
+    scrape = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    (api,) = [job for job in scrape["scrape_configs"] if job["job_name"] == "inferq-api"]
+    assert api["authorization"] == {"type": "Bearer", "credentials": token}
+    assert token
