@@ -117,8 +117,6 @@ def up(port: int | None, model_workers: int) -> None:
                    "client; the projects, keys, limits and usage commands use it)")
         click.echo(f"metrics token: {stack.settings.metrics_token}  (the API's /metrics: "
                    "'Authorization: Bearer <token>', or the admin key)")
-        click.echo(f"metrics token: {stack.settings.metrics_token}  (the API's /metrics: "
-                   "'Authorization: Bearer <token>', or the admin key)")
         click.echo(f"data dir:     {st.data_dir}  (logs in {stack.log_dir})")
         scraped = stack.metrics_urls()
         click.echo(f"metrics ({len(scraped)} processes):")
