@@ -157,10 +157,10 @@ class EmbeddingEngine:
             return
         faults: list[tuple[_Item, Exception]] = []
         computed = self._forward(prio, live, faults)
+        if faults and not computed and self.on_pass is not None:
+            self.on_pass(False)  # before the rows fail: their callers then see the breaker
         for it, e in faults:
             it.future.set_exception(blame("this input's embedding", e, computed > 0))
-        if faults and not computed and self.on_pass is not None:
-            self.on_pass(False)
 
     def _forward(self, prio: int, live: list[_Item], faults: list[tuple[_Item, Exception]]
                  ) -> int:

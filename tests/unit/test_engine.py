@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 
 import numpy as np
 import pytest
@@ -165,18 +165,28 @@ def test_one_poisoned_row_among_32_fails_alone(engines: list[EmbeddingEngine]) -
 
 def test_a_model_that_fails_every_pass_fails_every_row_as_the_server_s(
         engines: list[EmbeddingEngine]) -> None:
-    passes: list[bool] = []
+    """Every row fails with the model's error (a 500), and the breaker hears of the one
+    failed micro-batch before any row fails: a caller that sees its row fail then sees
+    the breaker open (the shard pipeline hands its shard back, uncommitted)."""
+    gate = threading.Event()
+    futures: list[Future[np.ndarray]] = []
+    passes: list[tuple[bool, bool]] = []
 
     class Broken(FakeModel):
         def embed(self, batch: list[list[int]]) -> np.ndarray:
+            assert gate.wait(TIMEOUT)
             raise RuntimeError("device lost")
 
-    engine = EmbeddingEngine(Broken(), BatchPolicy(8192, 64, 0.0), on_pass=passes.append)  # type: ignore[arg-type]
+    def on_pass(ok: bool) -> None:
+        passes.append((ok, any(f.done() for f in futures)))
+
+    engine = EmbeddingEngine(Broken(), BatchPolicy(8192, 64, 0.0), on_pass=on_pass)  # type: ignore[arg-type]
     engines.append(engine)
-    futures = engine.submit([[1], [2], [3], [4]], BATCH)
+    futures += engine.submit([[1], [2], [3], [4]], BATCH)
+    gate.set()
     wait(futures, timeout=TIMEOUT)
-    assert all(type(f.exception(timeout=0)) is RuntimeError for f in futures)  # a 500
-    assert passes == [False]  # one failed micro-batch, as the breaker counts them
+    assert all(type(f.exception(timeout=0)) is RuntimeError for f in futures)
+    assert passes == [(False, False)]  # one failed micro-batch, heard before any row failed
 
 
 def test_wrong_row_count_fails_the_batch(engines: list[EmbeddingEngine]) -> None:
