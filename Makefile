@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.webhooks
 	$(BIN)/python -m bench.admission
+	$(BIN)/python -m bench.edge
 	$(BIN)/python -m bench.planner
 	$(BIN)/python -m bench.scaling
 	$(BIN)/python -m bench.precision
