@@ -37,7 +37,7 @@ def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> N
         assert s.get(Job, job.id).status == "queued"  # stored before acknowledged
     queue = asyncjobs.queue_for(asyncjobs.job_ref(job))  # no live worker: its version's
     assert jctx.redis.lrem(queue, 0, job.id) == 1  # "worker A" pops it
-    first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=0.5)
+    first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=30)
     assert [j.id for j in first] == [job.id] and first[0].attempt == 1
     assert asyncjobs.claim(jctx, [job.id], "worker-b", "token-b", ttl_s=30) == []  # leased
     with jctx.db.session() as s:  # worker A died; its lease runs out
