@@ -35,7 +35,6 @@ import contextlib
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -177,14 +176,15 @@ def events_after(snap: Snapshot, seen: Position) -> list[Event]:
     return out
 
 
-def follow(first: Snapshot, seen: Position, next_snapshot: Callable[[], Snapshot], *,
+def follow(first: Snapshot, seen: Position, next_snapshot: Callable[[float], Snapshot], *,
            keepalive_s: float, max_s: float,
            clock: Callable[[], float] = time.monotonic) -> Iterator[Event | None]:
     """The events after ``seen``, from ``first`` (already read) on, each later state
-    from ``next_snapshot`` (a :class:`Watcher`'s, which waits for its next poll);
-    ``None`` when ``keepalive_s`` passed without an event (the caller sends a
-    keep-alive, which is also how a client that went away is noticed). Ends after the
-    terminal status's event, or after ``max_s`` (the client resumes from its last id)."""
+    from ``next_snapshot(timeout)`` (a :class:`Watcher`'s: the batch once it changed,
+    or as it is after ``timeout``); ``None`` when ``keepalive_s`` passed without an
+    event (the caller sends a keep-alive, which is also how a client that went away is
+    noticed). Ends after the terminal status's event, or after ``max_s`` (the client
+    resumes from its last id)."""
     started = last_sent = clock()
     snap = first
     while True:
@@ -200,65 +200,77 @@ def follow(first: Snapshot, seen: Position, next_snapshot: Callable[[], Snapshot
         if clock() - last_sent >= keepalive_s:
             yield None
             last_sent = clock()
-        snap = next_snapshot()
+        due = min(last_sent + keepalive_s, started + max_s)
+        snap = next_snapshot(max(0.0, due - clock()))
 
 
 Key = tuple[str, str]  # (project, batch)
 
 
+class _Followed:
+    """One followed batch: its latest state, how many follow it, and the condition
+    its followers wait on (woken only when its position moves)."""
+
+    def __init__(self, first: Snapshot, lock: threading.Lock) -> None:
+        self.latest, self.followers, self.changes = first, 0, 0
+        self.error: Exception | None = None
+        self.changed = threading.Condition(lock)
+
+
 class Watcher:
     """The batches this process's event streams follow, read together: every
     ``poll_s`` one read of all of them (their rows by key, their shards' sums grouped
-    by batch), however many streams follow each, then every stream is woken with its
-    batch's new state. Ten thousand followers cost one query a poll, not ten thousand.
-    A poll that fails (the database is away) fails the next read of every stream."""
+    by batch), however many streams follow each; only the followers of a batch whose
+    position moved are woken. Ten thousand followers cost one query a poll and a
+    wake-up per event or keep-alive, not ten thousand of each. A poll that fails (the
+    database is away) fails the next read of every stream."""
 
     def __init__(self, ctx: Context, poll_s: float) -> None:
         self.ctx, self.poll_s = ctx, poll_s
-        self._cond = threading.Condition()
-        self._follows: Counter[Key] = Counter()
-        self._latest: dict[Key, Snapshot] = {}
-        self._error: Exception | None = None
-        self._round = 0
+        self._lock = threading.Lock()
+        self._batches: dict[Key, _Followed] = {}
         self._polling = False
 
     @contextlib.contextmanager
-    def following(self, tenant_id: str, first: Snapshot) -> Iterator[Callable[[], Snapshot]]:
+    def following(self, tenant_id: str, first: Snapshot
+                  ) -> Iterator[Callable[[float], Snapshot]]:
         """While inside, the batch (``first``: as last read) is read each poll; yields
         its ``next_snapshot``."""
         key = (tenant_id, first.batch.id)
-        with self._cond:
-            self._follows[key] += 1
-            self._latest.setdefault(key, first)
+        with self._lock:
+            f = self._batches.get(key)
+            if f is None:
+                f = self._batches[key] = _Followed(first, self._lock)
+            f.followers += 1
             if not self._polling:
                 self._polling = True
                 threading.Thread(target=self._poll, name="inferq-events", daemon=True).start()
+        seen = [f.changes]
+
+        def next_snapshot(timeout: float) -> Snapshot:
+            with self._lock:
+                f.changed.wait_for(lambda: f.changes > seen[0], timeout)
+                seen[0] = f.changes
+                if f.error is not None:
+                    raise f.error
+                return f.latest
         try:
-            yield lambda: self._next(key)
+            yield next_snapshot
         finally:
-            with self._cond:
-                self._follows[key] -= 1
-                if self._follows[key] <= 0:
-                    del self._follows[key]
-                    self._latest.pop(key, None)
+            with self._lock:
+                f.followers -= 1
+                if f.followers <= 0:
+                    del self._batches[key]
 
     def followed(self) -> int:
-        with self._cond:
-            return len(self._follows)
-
-    def _next(self, key: Key) -> Snapshot:
-        with self._cond:
-            seen = self._round
-            self._cond.wait_for(lambda: self._round > seen)
-            if self._error is not None:
-                raise self._error
-            return self._latest[key]
+        with self._lock:
+            return len(self._batches)
 
     def _poll(self) -> None:
         while True:
             time.sleep(self.poll_s)
-            with self._cond:
-                keys = list(self._follows)
+            with self._lock:
+                keys = list(self._batches)
                 if not keys:
                     self._polling = False
                     return
@@ -267,11 +279,17 @@ class Watcher:
                 snaps = read_many(self.ctx, keys)
             except Exception as e:  # noqa: BLE001 - each stream decides what a failure means
                 snaps, error = {}, e
-            with self._cond:
-                self._latest.update({k: v for k, v in snaps.items() if k in self._follows})
-                self._error = error
-                self._round += 1
-                self._cond.notify_all()
+            with self._lock:
+                for key, f in self._batches.items():
+                    snap = snaps.get(key)
+                    if error is None and (snap is None or snap.position == f.latest.position):
+                        f.error = None
+                        continue  # nothing a follower would be told
+                    if snap is not None:
+                        f.latest = snap
+                    f.error = error
+                    f.changes += 1
+                    f.changed.notify_all()
 
 
 def read_many(ctx: Context, keys: list[Key]) -> dict[Key, Snapshot]:

@@ -15,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from openai import OpenAI
+from sqlalchemy import update
 
 from cli.stack import Stack
 from jobs import progress, service
 from jobs.context import Context
+from jobs.models import Batch
 from jobs.requests import BatchCreate
 from jobs.settings import Settings
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
@@ -295,8 +297,9 @@ def test_a_projects_streams_are_capped_and_a_closed_one_frees_its_slot(
 
 def test_followers_of_batches_cost_one_read_a_poll(tenant_key: str, ctx: Context,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """150 streams following 3 batches at once: each poll is one read of the 3, and
-    every follower gets its own batch's state."""
+    """150 streams following 3 batches at once: each poll is one read of the 3; the
+    followers of the batch that moved are woken with its new state, the others only
+    when their wait ends."""
     tenant_id, _ = service.authenticate(ctx, tenant_key)
     batches = []
     for i in range(3):
@@ -304,6 +307,8 @@ def test_followers_of_batches_cost_one_read_a_poll(tenant_key: str, ctx: Context
                                 io.BytesIO(jsonl([emb_line(0, "x")])))
         batches.append(service.create_batch(ctx, tenant_id, BatchCreate(
             input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")).id)
+    with ctx.db.session() as s:  # held where they are: nobody else moves them meanwhile
+        s.execute(update(Batch).where(Batch.id.in_(batches)).values(status="in_progress"))
     reads: list[int] = []
     real = progress.read_many
 
@@ -312,13 +317,21 @@ def test_followers_of_batches_cost_one_read_a_poll(tenant_key: str, ctx: Context
         return real(c, keys)
 
     monkeypatch.setattr(progress, "read_many", counted)
-    watcher = progress.Watcher(ctx, poll_s=0.5)
+    watcher = progress.Watcher(ctx, poll_s=0.2)
     firsts = [progress.read(ctx, tenant_id, b) for b in batches]
     with contextlib.ExitStack() as held:
         nexts = [(f.batch.id, held.enter_context(watcher.following(tenant_id, f)))
                  for f in firsts for _ in range(50)]
         with ThreadPoolExecutor(len(nexts)) as pool:
-            got = list(pool.map(lambda n: (n[0], n[1]().batch.id), nexts))
-    assert all(want == seen for want, seen in got)
-    assert reads and set(reads) == {3} and len(reads) < 10  # not one read per follower
+            waits = [pool.submit(lambda n=n: (n[0], n[1](30 if n[0] == batches[0] else 1.0)))
+                     for n in nexts]
+            time.sleep(0.5)
+            with ctx.db.session() as s:
+                s.execute(update(Batch).where(Batch.id == batches[0]).values(
+                    status="cancelling"))
+            got = [w.result(timeout=20) for w in waits]
+    for want, snap in got:
+        assert snap.batch.id == want
+        assert snap.status == ("cancelling" if want == batches[0] else "in_progress")
+    assert reads and set(reads) == {3} and len(reads) < 50  # not one read per follower
     assert watcher.followed() == 0

@@ -151,8 +151,8 @@ def test_follow_sends_keep_alives_and_ends_at_its_time_limit() -> None:
     clock = Clock()
     calls: list[float] = []
 
-    def next_snapshot() -> progress.Snapshot:  # a watcher's: the state at its next poll
-        clock.sleep(1.0)
+    def next_snapshot(timeout: float) -> progress.Snapshot:  # a watcher's: nothing changes
+        clock.sleep(min(1.0, timeout))
         calls.append(clock.t)
         return next(reads)
 
