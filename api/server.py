@@ -48,6 +48,9 @@ MAX_HEADERS = 100
 CLOSE = "inferq.close_connection"
 _DRAIN_S = 2.0  # an unread body left behind is drained for at most this long
 _DRAIN_BYTES = 1024 * 1024  # ... and this many bytes; past either the connection closes
+_HEAD_BYTES = MAX_REQUEST_LINE + MAX_HEADERS * (MAX_HEADER_FIELD + 2) + 4
+_TRICKLE_S = 0.05  # a head still incomplete this long after its first byte trickles ...
+_TRICKLE_POLL_S = 2.0  # ... and is read this often
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 414: "URI Too Long",
             417: "Expectation Failed", 429: "Too Many Requests",
             431: "Request Header Fields Too Large", 500: "Internal Server Error",
@@ -214,6 +217,7 @@ class EdgeWorker(GeventWorker):
                 with gevent.Timeout(st.api_header_timeout_s,
                                     HeaderTimeout("the request line and headers did not "
                                                   f"arrive within {st.api_header_timeout_s:g} s")):
+                    self._read_head(parser, client)
                     req = next(parser)
                 if not self.handle_request(name, req, client, addr) or not self._drained(parser):
                     return
@@ -230,6 +234,24 @@ class EdgeWorker(GeventWorker):
             else:
                 self.log.info("refused a request from %s: %s", addr, message)
             self._refuse(client, status, message, code)
+
+    @staticmethod
+    def _read_head(parser: Any, client: Any) -> None:
+        """The request line and headers into the parser's buffer. A head that does not
+        come whole within ``_TRICKLE_S`` is read every ``_TRICKLE_POLL_S`` from then on,
+        all that arrived at once: a client sending a byte at a time costs the loop a
+        wake-up per poll, not per byte. Past the largest head the limits allow, the
+        parser refuses it."""
+        buf = parser.unreader.take_buffered()
+        started = time.monotonic()
+        while b"\r\n\r\n" not in buf and b"\n\n" not in buf and len(buf) <= _HEAD_BYTES:
+            if time.monotonic() - started > _TRICKLE_S:
+                gevent.sleep(_TRICKLE_POLL_S)
+            data = client.recv(65536)
+            if not data:
+                break
+            buf += data
+        parser.unreader.unread(buf)
 
     @staticmethod
     def _drained(parser: Any) -> bool:
