@@ -28,13 +28,14 @@ class StreamSlots:
                                   f"at most {self.cap}. Close one or retry shortly",
                                   "requests", {"retry-after": "1"})
             self.held[tenant_id] += 1
-        given = threading.Event()
+        given = False
 
         def give_back() -> None:
+            nonlocal given
             with self._lock:
-                if given.is_set():
+                if given:
                     return
-                given.set()
+                given = True
                 self.held[tenant_id] -= 1
                 if self.held[tenant_id] <= 0:
                     del self.held[tenant_id]
