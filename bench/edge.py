@@ -860,7 +860,7 @@ def main() -> None:
         per_address = max(1, min(args.per_address, per_client))
         per_project = int(getattr(st, "api_max_streams_per_project", 5000))
         n_projects = max(args.projects, -(-max(ns) // per_project))
-        header_timeout = float(getattr(st, "api_header_timeout_s", 10.0))
+        header_timeout = float(getattr(st, "api_header_timeout_s", 20.0))
         model = st.embedding_model
         ids = [m["id"] for m in call(port, stack.api_key, "GET", "/v1/models")["data"]]
         if model not in ids:
