@@ -6,14 +6,33 @@ boolean, a boolean never a number, a number written with a decimal point or an
 exponent never an integer, while an integer is a number (``temperature: 1`` is 1.0).
 Text that may come from a binary Parquet cell (``Text``) also takes bytes, read as
 UTF-8.
+
+What each request parameter does is one table, ``PARAMETERS`` (by endpoint: every
+parameter of the pinned openai SDK's create method), with ``MESSAGE_FIELDS``,
+``TEXT_PART_FIELDS`` and ``STREAM_OPTIONS`` for the objects inside a body: a parameter
+is implemented (a field of the endpoint's model below), taken only at the value that
+does nothing (``DEFAULT_ONLY``: left out of the body the model reads), or refused.
+``supported`` judges a body by it before the model reads it: anything it does not
+implement and sent at another value is 400 ``unsupported_parameter`` naming it, and a
+name the table does not know is 400 ``unknown_parameter``; ``null`` is the same as
+leaving an optional parameter out. docs/API.md's table is ``parameter_table()``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from jobs.errors import InvalidRequest, shown
@@ -35,11 +54,13 @@ Name = Annotated[str, Field(max_length=256)]
 # A request's text where a Parquet dataset may hold it as binary (input, prompt, a
 # message's content and name): bytes are read as UTF-8; a number or a boolean is refused.
 Text = Annotated[str, Strict(False)]
-OPEN_BODY = ConfigDict(strict=True, extra="allow")  # strict types; unknown parameters kept
+# Strict types; a field the table does not implement never reaches a model (``supported``
+# refuses it or leaves it out), so one that did would be a 400 all the same.
+BODY = ConfigDict(strict=True, extra="forbid")
 
 
 class EmbeddingsBody(BaseModel):
-    model_config = OPEN_BODY
+    model_config = BODY
 
     model: Name
     input: Text | list[Text] | list[TokenId] | list[list[TokenId]]
@@ -79,7 +100,7 @@ def parse_embeddings(body: Any, max_inputs: int,
     body was already checked at the door (a worker re-reading it). Inputs longer
     than the model's context are refused by the worker, which holds the tokenizer.
     """
-    req: EmbeddingsBody = parse_model(EmbeddingsBody, body)
+    req: EmbeddingsBody = parse_model(EmbeddingsBody, supported(EMBEDDINGS, body))
     if models is not None:
         models.require(req.model, EMBEDDINGS)
     if len(req.inputs()) > max_inputs:
@@ -133,6 +154,13 @@ class BatchCreate(BaseModel):
             if len(val) > 512:
                 raise ValueError("metadata values are at most 512 characters")
         return v
+
+    @model_validator(mode="after")
+    def _defaults(self) -> BatchCreate:
+        """Defaults a request could not take are refused with the batch, not once per
+        line: parameters the endpoint does not implement, or does not know."""
+        supported(self.endpoint, self.body, prefix="body.")
+        return self
 
 
 def parse_model(cls: type[BaseModel], body: Any) -> Any:
@@ -211,13 +239,13 @@ MAX_STOP = 4
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = BODY
 
     include_usage: bool = False
 
 
 class Message(BaseModel):
-    model_config = OPEN_BODY
+    model_config = BODY
 
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[dict[str, Any]] | None = None
@@ -236,26 +264,17 @@ class Message(BaseModel):
 class Sampling(BaseModel):
     """Parameters shared by chat completions and completions."""
 
-    model_config = OPEN_BODY
+    model_config = BODY
 
     model: Name
     max_tokens: int | None = Field(default=None, ge=1, lt=2**31)
-    max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Name | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -269,7 +288,7 @@ class Sampling(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -277,6 +296,10 @@ class Sampling(BaseModel):
 
 class ChatBody(Sampling):
     messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionBody(Sampling):
@@ -301,7 +324,297 @@ def parse_generation(endpoint: str, body: Any,
     ``models``: as for parse_embeddings; the prompt's length is checked by the worker.
     """
     req: ChatBody | CompletionBody = parse_model(ChatBody if endpoint == CHAT else
-                                                 CompletionBody, body)
+                                                 CompletionBody, supported(endpoint, body))
     if models is not None:
         models.require(req.model, endpoint)
     return req
+
+
+# Request parameters: what inferq does with each ------------------------------------------
+
+IMPLEMENTED, DEFAULT_ONLY, REFUSED = "implemented", "default only", "refused"
+UNSUPPORTED, UNKNOWN = "unsupported_parameter", "unknown_parameter"
+
+
+@dataclass(frozen=True)
+class Param:
+    """What inferq does with one parameter. ``noop``: the values besides null a
+    DEFAULT_ONLY parameter is taken at, each the answer without it (JSON-typed: ``0.0``
+    is any number 0, ``1`` the integer 1, ``False`` the boolean)."""
+
+    status: str
+    note: str
+    noop: tuple[Any, ...] = ()
+
+
+def _impl(note: str) -> Param:
+    return Param(IMPLEMENTED, note)
+
+
+def _only(note: str, *noop: Any) -> Param:
+    return Param(DEFAULT_ONLY, note, noop)
+
+
+def _refused(note: str) -> Param:
+    return Param(REFUSED, note)
+
+
+PENALTIES = "repetition penalties are not implemented"
+LOGIT_BIAS = "logit bias is not implemented"
+TOOLS = "tool and function calling are not implemented"
+LOGPROBS = "log probabilities are not implemented"
+PROMPT_CACHE = "no client-directed prompt cache (the workers' prefix cache needs no hints)"
+USER = ("checked (at most 256 characters), else unused: it changes no answer, and inferq "
+        "does not record it")
+MAX_TOKENS = "the completion's token limit, within the context; none: the rest of the context"
+SHARED: dict[str, Param] = {
+    "max_tokens": _impl(MAX_TOKENS),
+    "seed": _impl("seeds this request's own sampler (a signed 64-bit integer); best effort, "
+                  "as at OpenAI"),
+    "stop": _impl(f"up to {MAX_STOP} non-empty strings; the text ends before the first"),
+    "stream": _impl("server-sent events (see Chat completions / completions)"),
+    "stream_options": _impl("see `stream_options` below"),
+    "temperature": _impl("0 to 2; 0 is greedy"),
+    "top_p": _impl("nucleus sampling, above 0 to 1"),
+    "user": _impl(USER),
+    "frequency_penalty": _only(PENALTIES, 0.0),
+    "presence_penalty": _only(PENALTIES, 0.0),
+    "logit_bias": _only(LOGIT_BIAS, {}),
+    "n": _only("one choice per request", 1),
+}
+# Every parameter of the pinned SDK's chat.completions.create, completions.create and
+# embeddings.create, in the SDK's order (docs/API.md's table; tests/unit/test_parameters.py
+# keeps the three equal).
+PARAMETERS: dict[str, dict[str, Param]] = {
+    CHAT: {
+        "messages": _impl("roles `system`, `developer`, `user`, `assistant`; text only (see "
+                          "`messages` below)"),
+        "model": _impl("a registered chat model (`GET /v1/models`)"),
+        "audio": _refused("audio output is not implemented"),
+        "frequency_penalty": SHARED["frequency_penalty"],
+        "function_call": _only(TOOLS, "none"),
+        "functions": _refused(TOOLS),
+        "logit_bias": SHARED["logit_bias"],
+        "logprobs": _only(LOGPROBS, False),
+        "max_completion_tokens": _impl(MAX_TOKENS + "; wins over `max_tokens`"),
+        "max_tokens": SHARED["max_tokens"],
+        "metadata": _only("completions are not stored: there is nothing to attach it to", {}),
+        "modalities": _only("text output only", ["text"]),
+        "moderation": _refused("moderation is not implemented"),
+        "n": SHARED["n"],
+        "parallel_tool_calls": _refused(TOOLS),
+        "prediction": _refused("predicted outputs are not implemented"),
+        "presence_penalty": SHARED["presence_penalty"],
+        "prompt_cache_key": _refused(PROMPT_CACHE),
+        "prompt_cache_options": _refused(PROMPT_CACHE),
+        "prompt_cache_retention": _refused(PROMPT_CACHE),
+        "reasoning_effort": _refused("the served models do not reason"),
+        "response_format": _only("structured outputs and JSON mode are not implemented",
+                                 {"type": "text"}),
+        "safety_identifier": _refused("inferq does no abuse monitoring by end user"),
+        "seed": SHARED["seed"],
+        "service_tier": _only("a realtime request runs in the default tier (flex is a batch "
+                              "option)", "auto", "default"),
+        "stop": SHARED["stop"],
+        "store": _only("completions are not stored", False),
+        "stream": SHARED["stream"],
+        "stream_options": SHARED["stream_options"],
+        "temperature": SHARED["temperature"],
+        "tool_choice": _only(TOOLS, "none"),
+        "tools": _refused(TOOLS),
+        "top_logprobs": _refused(LOGPROBS),
+        "top_p": SHARED["top_p"],
+        "user": SHARED["user"],
+        "verbosity": _refused("verbosity control is not implemented"),
+        "web_search_options": _refused("web search is not implemented"),
+    },
+    COMPLETIONS: {
+        "model": _impl("a registered chat model (`GET /v1/models`)"),
+        "prompt": _impl("one prompt: a string, or a list of one string (no token-id prompts)"),
+        "best_of": _only("one completion per request", 1),
+        "echo": _only("the prompt is not echoed", False),
+        "frequency_penalty": SHARED["frequency_penalty"],
+        "logit_bias": SHARED["logit_bias"],
+        "logprobs": _refused(LOGPROBS),
+        "max_tokens": SHARED["max_tokens"],
+        "n": SHARED["n"],
+        "presence_penalty": SHARED["presence_penalty"],
+        "seed": SHARED["seed"],
+        "stop": SHARED["stop"],
+        "stream": SHARED["stream"],
+        "stream_options": SHARED["stream_options"],
+        "suffix": _refused("insertion (text after the completion) is not implemented"),
+        "temperature": SHARED["temperature"],
+        "top_p": SHARED["top_p"],
+        "user": SHARED["user"],
+    },
+    EMBEDDINGS: {
+        "input": _impl("a string, strings, token ids or lists of token ids; none longer than "
+                       "the model's context"),
+        "model": _impl("a registered embeddings model (`GET /v1/models`)"),
+        "dimensions": _impl("the first `dimensions` values, renormalized; at most the "
+                            "model's size"),
+        "encoding_format": _impl("`float` or `base64` (little-endian float32)"),
+        "user": SHARED["user"],
+    },
+}
+# The fields of a message, by role (the SDK's message types); ``tool`` and ``function``
+# messages are refused whole.
+MESSAGE_FIELDS: dict[str, Param] = {
+    "role": _impl("`system`, `developer` (read as `system`), `user`, `assistant`; `tool` and "
+                  "`function` are refused (" + TOOLS + ")"),
+    "content": _impl("a string, or `text` parts (joined); other part types are refused: the "
+                     "models read text only"),
+    "name": _impl("checked (at most 256 characters); the chat template does not use it"),
+    "audio": _refused("audio is not implemented"),
+    "function_call": _refused(TOOLS),
+    "refusal": _refused("refusals are not implemented"),
+    "tool_calls": _refused(TOOLS),
+}
+ROLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "system": ("content", "role", "name"), "developer": ("content", "role", "name"),
+    "user": ("content", "role", "name"),
+    "assistant": ("role", "audio", "content", "function_call", "name", "refusal",
+                  "tool_calls"),
+}
+REFUSED_ROLES = ("tool", "function")
+TEXT_PART_FIELDS: dict[str, Param] = {
+    "text": _impl("the text"),
+    "type": _impl("`text` only"),
+    "prompt_cache_breakpoint": _refused(PROMPT_CACHE),
+}
+STREAM_OPTIONS: dict[str, Param] = {
+    "include_obfuscation": _only("stream chunks are not obfuscated", False),
+    "include_usage": _impl("one more chunk with `usage`, before `[DONE]`"),
+}
+# Each endpoint's model: its fields are exactly the table's implemented parameters.
+BODIES: dict[str, type[BaseModel]] = {CHAT: ChatBody, COMPLETIONS: CompletionBody,
+                                      EMBEDDINGS: EmbeddingsBody}
+
+
+def supported(endpoint: str, body: Any, prefix: str = "") -> Any:
+    """``body`` as the endpoint's model reads it: less its nulls (an optional parameter
+    sent as null is left out) and the parameters taken at a value that does nothing.
+    InvalidRequest (``unsupported_parameter``) for a parameter inferq does not implement
+    sent at another value, and (``unknown_parameter``) for a name the endpoint has not;
+    ``param`` is where it is (``messages.0.tool_calls``), after ``prefix``. Anything
+    that is no object is left for the model to refuse."""
+    if not isinstance(body, dict):
+        return body
+    fields = BODIES[endpoint].model_fields
+    out = _judged(body, PARAMETERS[endpoint], prefix, endpoint,
+                  keep_null={k for k, f in fields.items() if f.is_required()})
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [_message(m, f"{prefix}messages.{i}")
+                           for i, m in enumerate(out["messages"])]
+    if isinstance(out.get("stream_options"), dict):
+        out["stream_options"] = _judged(out["stream_options"], STREAM_OPTIONS,
+                                        f"{prefix}stream_options.", "stream_options")
+    return out
+
+
+def _judged(obj: dict[str, Any], table: dict[str, Param], prefix: str, what: str,
+            keep_null: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``obj``'s implemented fields (InvalidRequest for the others, unless at a no-op)."""
+    out: dict[str, Any] = {}
+    for name, value in obj.items():
+        param = f"{prefix}{name}"
+        p = table.get(name)
+        if p is None:
+            raise InvalidRequest(f"{param}: unknown parameter: {what} has no parameter "
+                                 f"{shown(name, 64)}", param=param, code=UNKNOWN)
+        if value is None and name not in keep_null:
+            continue
+        if p.status == IMPLEMENTED:
+            out[name] = value
+        elif not any(_same(value, v) for v in p.noop):
+            if p.noop:
+                raise InvalidRequest(
+                    f"{param}: unsupported parameter: inferq takes {name} only as "
+                    f"{' or '.join(_json(v) for v in p.noop)} or null, got "
+                    f"{_json_value(value)}: {p.note}", param=param, code=UNSUPPORTED)
+            raise InvalidRequest(f"{param}: unsupported parameter: {p.note}; leave {name} "
+                                 "out (or null)", param=param, code=UNSUPPORTED)
+    return out
+
+
+def _message(m: Any, at: str) -> Any:
+    """One message judged by MESSAGE_FIELDS (its role's fields) and TEXT_PART_FIELDS."""
+    if not isinstance(m, dict):
+        return m
+    role = m.get("role")
+    if role in REFUSED_ROLES:
+        raise InvalidRequest(f"{at}.role: unsupported parameter: {role} messages are not "
+                             f"supported: {TOOLS}", param=f"{at}.role", code=UNSUPPORTED)
+    if role not in ROLE_FIELDS:
+        return m  # the model says which roles there are
+    fields = {k: MESSAGE_FIELDS[k] for k in ROLE_FIELDS[role]}
+    out = _judged(m, fields, f"{at}.", f"a {role} message", keep_null={"role", "content"})
+    if isinstance(out.get("content"), list):
+        out["content"] = [_part(part, f"{at}.content.{j}")
+                          for j, part in enumerate(out["content"])]
+    return out
+
+
+def _part(part: Any, at: str) -> Any:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        return part  # the model refuses it
+    if part["type"] != "text":
+        raise InvalidRequest(f"{at}.type: unsupported parameter: content parts of type "
+                             f"{shown(part['type'], 64)} are not supported: the models read "
+                             "text only (parts of type 'text')", param=f"{at}.type",
+                             code=UNSUPPORTED)
+    return _judged(part, TEXT_PART_FIELDS, f"{at}.", "a text part", keep_null={"text"})
+
+
+def _same(value: Any, noop: Any) -> bool:
+    """``value`` is ``noop`` as JSON types go (see Param): a boolean is no number, a
+    number with a fraction no integer."""
+    if isinstance(noop, bool) or isinstance(value, bool):
+        return type(value) is type(noop) and value == noop
+    if isinstance(noop, float):
+        return isinstance(value, int | float) and value == noop
+    if isinstance(noop, int):
+        return type(value) is int and value == noop
+    if isinstance(noop, dict):
+        return (isinstance(value, dict) and value.keys() == noop.keys()
+                and all(_same(value[k], noop[k]) for k in noop))
+    if isinstance(noop, list):
+        return (isinstance(value, list) and len(value) == len(noop)
+                and all(_same(a, b) for a, b in zip(value, noop, strict=True)))
+    return type(value) is type(noop) and value == noop
+
+
+def _json(v: Any) -> str:
+    """A no-op value as a client writes it (``0``, not ``0.0``)."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return orjson.dumps(v).decode()
+
+
+# The SDK method each endpoint's table is of, as docs/API.md names it.
+METHODS = {CHAT: "chat.completions.create", COMPLETIONS: "completions.create",
+           EMBEDDINGS: "embeddings.create"}
+NESTED = {"messages[]": MESSAGE_FIELDS, "messages[].content[]": TEXT_PART_FIELDS,
+          "stream_options": STREAM_OPTIONS}
+
+
+def parameter_table() -> str:
+    """docs/API.md's tables of the parameters, as Markdown (its test compares them)."""
+    def row(*cells: str) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    def accepted(p: Param) -> str:
+        if p.status == IMPLEMENTED:
+            return "any valid value"
+        return ", ".join(f"`{_json(v)}`" for v in (*p.noop, None))
+
+    lines = [row("method", "parameter", "status", "accepted", "note"), row(*["---"] * 5)]
+    for endpoint, table in PARAMETERS.items():
+        lines += [row(f"`{METHODS[endpoint]}`", f"`{name}`", p.status, accepted(p), p.note)
+                  for name, p in table.items()]
+    lines += ["", row("object", "field", "status", "accepted", "note"), row(*["---"] * 5)]
+    for obj, table in NESTED.items():
+        lines += [row(f"`{obj}`", f"`{name}`", p.status, accepted(p), p.note)
+                  for name, p in table.items()]
+    return "\n".join(lines) + "\n"

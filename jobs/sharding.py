@@ -158,7 +158,7 @@ class _Sharder:
         try:
             clean: dict[str, Any] = req.model_dump(mode="json", exclude_unset=True)
             text, length = orjson.dumps(clean).decode(), text_length(clean)
-        except (TypeError, ValueError):  # e.g. bytes that are not UTF-8, in an extra field
+        except (TypeError, ValueError):  # a value JSON cannot hold (the schema lets none by)
             raise InvalidRequest("the request holds a value JSON cannot hold (binary data "
                                  "that is not UTF-8 text, say); send text") from None
         self.plan.input_tokens += self.prompt_tokens(clean)

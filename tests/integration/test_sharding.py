@@ -486,7 +486,7 @@ def test_binary_parquet_columns_are_sharded_as_text(ctx: Context) -> None:
     assert json.loads(rows[0]["body"]) == {"model": CHAT_MODEL,
                                            "messages": [{"role": "user", "content": "Hi"}]}
 
-    # a field the schema lets by untouched (an extra one) that is not text either
+    # a field no message has (here not even text) is refused by its name
     messages = pa.array([[{"role": "user", "content": "Hi", "note": b"\xff"}]],
                         pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
                                             ("note", pa.binary())])))
@@ -496,7 +496,8 @@ def test_binary_parquet_columns_are_sharded_as_text(ctx: Context) -> None:
     assert plan.errors == [] and plan.invalid == 1 and plan.shards == []
     (err,) = [orjson.loads(x) for x in
               ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines()]
-    assert "not UTF-8" in err["response"]["body"]["error"]["message"]
+    assert (err["response"]["body"]["error"]["param"],
+            err["response"]["body"]["error"]["code"]) == ("messages.0.note", "unknown_parameter")
 
 
 def test_bad_messages_cells_are_row_errors_as_text_or_structs(ctx: Context) -> None:
@@ -556,3 +557,51 @@ def test_a_line_whose_values_have_the_wrong_json_type_gets_an_error_line(ctx: Co
     errs = {e["custom_id"]: e["response"]["body"]["error"] for e in
             map(orjson.loads, ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines())}
     assert (errs["req-ids"]["param"], errs["req-dims"]["param"]) == ("input.0.0", "dimensions")
+
+
+def errors_by_id(ctx: Context, batch_id: str) -> dict[str, dict[str, Any]]:
+    return {e["custom_id"]: e["response"] for e in
+            map(orjson.loads, ctx.store.get_bytes(keys.validation_errors(batch_id)).splitlines())}
+
+
+def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
+        ctx: Context) -> None:
+    """Never ignored: each such line is its error line, naming the parameter; the
+    others are sharded, less the parameters taken at the value that does nothing."""
+    chat = "/v1/chat/completions"
+
+    def gen(i: str, **params: Any) -> dict[str, Any]:
+        return {"custom_id": i, "method": "POST", "url": chat,
+                "body": {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}],
+                         **params}}
+
+    rows = [gen("json", response_format={"type": "json_object"}), gen("logprobs", logprobs=True),
+            gen("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
+            gen("typo", temprature=0.5), gen("penalty", presence_penalty=0.5),
+            gen("ok", max_tokens=4, presence_penalty=0, logprobs=False, store=False, n=1)]
+    rows.append(gen("tool-msg"))
+    rows[-1]["body"]["messages"].append({"role": "tool", "content": "4", "tool_call_id": "c"})
+    plan, batch_id = shard(ctx, jsonl(rows), endpoint=chat)
+    assert plan.errors == [] and plan.total == 7 and plan.invalid == 6
+    errs = errors_by_id(ctx, batch_id)
+    assert {k: (r["status_code"], r["body"]["error"]["param"], r["body"]["error"]["code"])
+            for k, r in errs.items()} == {
+        "json": (400, "response_format", "unsupported_parameter"),
+        "logprobs": (400, "logprobs", "unsupported_parameter"),
+        "tools": (400, "tools", "unsupported_parameter"),
+        "typo": (400, "temprature", "unknown_parameter"),
+        "penalty": (400, "presence_penalty", "unsupported_parameter"),
+        "tool-msg": (400, "messages.1.role", "unsupported_parameter")}
+    assert errs["logprobs"]["body"]["error"]["message"].startswith("logprobs: unsupported")
+    (rows_,) = shard_rows_of(ctx, batch_id)
+    assert [r["custom_id"] for r in rows_] == ["ok"]
+    assert json.loads(rows_[0]["body"]) == {"model": CHAT_MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"}]}
+
+    emb = [line("dims", "x"), line("extra", "x"), line("ok", "x")]
+    emb[0]["body"]["dimensions"] = 8
+    emb[1]["body"]["temperature"] = 0
+    plan, batch_id = shard(ctx, jsonl(emb))
+    assert plan.invalid == 1
+    assert errors_by_id(ctx, batch_id)["req-extra"]["body"]["error"]["param"] == "temperature"
+

@@ -136,8 +136,9 @@ def test_the_admin_api_refuses_them_too(app: Any, ctx: Context, admin_key: str, 
 
 
 def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
-    """An integer for a number, true and false for booleans, unknown parameters kept
-    (on a database and Redis DB of its own: the jobs stay queued there)."""
+    """An integer for a number, true and false for booleans, a parameter inferq does
+    not implement at the value that does nothing taken and left out (on a database and
+    Redis DB of its own: the jobs stay queued there)."""
     from api import create_app
 
     ctx = Context(own_settings)
@@ -155,7 +156,7 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
                                          "stream": False, "user": "u", "stop": ["\n"],
                                          "frequency_penalty": 0}),
             job("/v1/completions", {**PROMPT, "temperature": 0.7, "top_p": 0.9,
-                                    "max_completion_tokens": 4}),
+                                    "max_tokens": 4, "presence_penalty": 0.0}),
             job("/v1/embeddings", {**EMB, "input": [[101, 2023, 102]], "dimensions": 8,
                                    "encoding_format": "base64"}),
         ]
@@ -168,7 +169,9 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
             stored = {j.id: j.body for j in s.scalars(select(Job).where(Job.id.in_(ids)))}
         chat = stored[ids[0]]
         assert chat["temperature"] == 0.0 and isinstance(chat["temperature"], float)
-        assert (chat["top_p"], chat["stream"], chat["frequency_penalty"]) == (1.0, False, 0)
+        assert (chat["top_p"], chat["stream"]) == (1.0, False)
+        assert "frequency_penalty" not in chat and "n" not in chat
+        assert "presence_penalty" not in stored[ids[1]]
         assert stored[ids[2]]["dimensions"] == 8
         for keep in (False, True):
             got = c.post("/v1/webhook_callback_secret",

@@ -54,8 +54,8 @@ MSGS: Any = [{"role": "system", "content": "Be brief."},
 CALLS: dict[str, Callable[[OpenAI], Any]] = {
     "chat": lambda c: c.chat.completions.create(
         model="m", messages=MSGS, temperature=0, top_p=1, max_tokens=16, seed=7, n=1,
-        stop=["\n"], user="u", frequency_penalty=0, presence_penalty=0.5,
-        logit_bias={"50256": -100}),
+        stop=["\n"], user="u", frequency_penalty=0, presence_penalty=0.0, logit_bias={},
+        logprobs=False, store=False, tool_choice="none", response_format={"type": "text"}),
     "chat-stream": lambda c: c.chat.completions.create(
         model="m", messages=MSGS, temperature=0.7, max_completion_tokens=8, stream=True,
         stream_options={"include_usage": True}),
@@ -86,7 +86,8 @@ def test_the_sdks_bodies_pass_the_strict_models(name: str) -> None:
     assert req.temperature == body.get("temperature", 1.0)
     if name == "chat":
         assert (req.max_tokens, req.seed, req.stops()) == (16, 7, ["\n"])
-        assert req.model_extra == {"frequency_penalty": 0, "presence_penalty": 0.5,
-                                   "logit_bias": {"50256": -100}}
+        # parameters sent at the value that does nothing are taken, and left out
+        assert req.model_fields_set == {"model", "messages", "temperature", "top_p",
+                                        "max_tokens", "seed", "stop", "user"}
     if name == "chat-stream":
         assert req.include_usage() and req.token_limit() == 8

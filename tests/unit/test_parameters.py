@@ -1,0 +1,365 @@
+"""The request parameters (jobs.requests.PARAMETERS) against the pinned openai SDK and
+docs/API.md: every parameter of the SDK's three create methods, and every field of the
+objects inside a chat body, is in the table; the table is the documentation's; and the
+validation does what the table says: a refused parameter, or one sent at a value other
+than its no-op, is an InvalidRequest naming it, a no-op value and null are taken and
+leave nothing behind, and a name the endpoint has not is refused."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.resources.chat.completions import Completions as ChatCompletions
+from openai.resources.completions import Completions
+from openai.resources.embeddings import Embeddings
+from openai.types import completion_create_params, embedding_create_params
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionContentPartTextParam,
+    ChatCompletionDeveloperMessageParam,
+    ChatCompletionMessageParam,
+    ChatCompletionStreamOptionsParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+from openai.types.chat import completion_create_params as chat_create_params
+
+from jobs.errors import InvalidRequest
+from jobs.requests import (
+    BODIES,
+    CHAT,
+    COMPLETIONS,
+    DEFAULT_ONLY,
+    EMBEDDINGS,
+    IMPLEMENTED,
+    MESSAGE_FIELDS,
+    METHODS,
+    NESTED,
+    PARAMETERS,
+    REFUSED,
+    REFUSED_ROLES,
+    ROLE_FIELDS,
+    STREAM_OPTIONS,
+    TEXT_PART_FIELDS,
+    BatchCreate,
+    ChatBody,
+    Message,
+    StreamOptions,
+    parameter_table,
+    parse_embeddings,
+    parse_generation,
+    parse_model,
+)
+
+API_MD = Path(__file__).resolve().parents[2] / "docs" / "API.md"
+TRANSPORT = {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
+SDK_METHODS = {CHAT: ChatCompletions.create, COMPLETIONS: Completions.create,
+               EMBEDDINGS: Embeddings.create}
+SDK_BASES = {CHAT: chat_create_params.CompletionCreateParamsBase,
+             COMPLETIONS: completion_create_params.CompletionCreateParamsBase,
+             EMBEDDINGS: embedding_create_params.EmbeddingCreateParams}
+ROLE_TYPES = {"system": ChatCompletionSystemMessageParam,
+              "developer": ChatCompletionDeveloperMessageParam,
+              "user": ChatCompletionUserMessageParam,
+              "assistant": ChatCompletionAssistantMessageParam}
+MSGS = [{"role": "user", "content": "hi"}]
+MINIMAL = {CHAT: {"model": "m", "messages": MSGS}, COMPLETIONS: {"model": "m", "prompt": "hi"},
+           EMBEDDINGS: {"model": "m", "input": "hi"}}
+# Values clients send for what inferq does not do (each is refused naming its parameter)
+REAL_USES: list[tuple[str, str, Any]] = [
+    (CHAT, "response_format", {"type": "json_object"}),
+    (CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    (CHAT, "logprobs", True), (CHAT, "top_logprobs", 5),
+    (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (CHAT, "tool_choice", "auto"), (CHAT, "tool_choice", "required"),
+    (CHAT, "logit_bias", {"50256": -100}), (CHAT, "presence_penalty", 0.5),
+    (CHAT, "frequency_penalty", -1), (CHAT, "parallel_tool_calls", False),
+    (CHAT, "parallel_tool_calls", True), (CHAT, "reasoning_effort", "low"),
+    (CHAT, "store", True), (CHAT, "prediction", {"type": "content", "content": "x"}),
+    (CHAT, "modalities", ["text", "audio"]), (CHAT, "functions", [{"name": "f"}]),
+    (CHAT, "function_call", "auto"), (CHAT, "n", 2), (CHAT, "service_tier", "flex"),
+    (CHAT, "metadata", {"k": "v"}), (CHAT, "audio", {"voice": "alloy", "format": "mp3"}),
+    (COMPLETIONS, "echo", True), (COMPLETIONS, "logprobs", 0), (COMPLETIONS, "logprobs", 5),
+    (COMPLETIONS, "best_of", 2), (COMPLETIONS, "suffix", "!"), (COMPLETIONS, "n", 3),
+    (COMPLETIONS, "presence_penalty", 1.0),
+    # JSON types are strict: a boolean is no number, a number with a fraction no integer
+    (CHAT, "n", 1.0), (CHAT, "n", True), (CHAT, "presence_penalty", False),
+    (CHAT, "logprobs", 0), (CHAT, "store", "false"),
+]
+
+
+def parse(endpoint: str, body: dict[str, Any]) -> Any:
+    return (parse_embeddings(body, 2048) if endpoint == EMBEDDINGS
+            else parse_generation(endpoint, body))
+
+
+def refused(endpoint: str, body: dict[str, Any]) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        parse(endpoint, body)
+    assert e.value.param and e.value.message.startswith(f"{e.value.param}: "), e.value.message
+    return e.value
+
+
+def sdk_parameters(endpoint: str) -> list[str]:
+    return [p for p in inspect.signature(SDK_METHODS[endpoint]).parameters
+            if p not in TRANSPORT]
+
+
+def rows(table: str) -> list[list[str]]:
+    """The cells of a Markdown table's rows, its header and rule left out."""
+    out = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+           for line in table.splitlines() if line.startswith("|")]
+    return [r for r in out[2:]]
+
+
+def docs_block() -> str:
+    text = API_MD.read_text()
+    m = re.search(r"<!-- parameters: generated by jobs\.requests\.parameter_table\(\) -->\n"
+                  r"(.*?)<!-- parameters: end -->", text, re.S)
+    assert m, "docs/API.md has no parameter table"
+    return m.group(1)
+
+
+# The table is the SDK's ------------------------------------------------------------------
+
+@pytest.mark.parametrize("endpoint", list(PARAMETERS))
+def test_the_table_has_every_parameter_of_the_sdk_method(endpoint: str) -> None:
+    assert list(PARAMETERS[endpoint]) == sdk_parameters(endpoint)
+    # the request body's TypedDict says the same (``stream`` is the streaming variants')
+    assert set(SDK_BASES[endpoint].__annotations__) | (
+        {"stream"} if endpoint != EMBEDDINGS else set()) == set(PARAMETERS[endpoint])
+
+
+def test_the_message_fields_are_the_sdks_by_role() -> None:
+    for role, typed in ROLE_TYPES.items():
+        assert set(ROLE_FIELDS[role]) == set(typed.__annotations__), role
+    assert set().union(*ROLE_FIELDS.values()) == set(MESSAGE_FIELDS)
+    roles = set()
+    for typed in typing.get_args(ChatCompletionMessageParam):
+        roles |= set(typing.get_args(typing.get_type_hints(typed)["role"]))
+    assert roles == set(ROLE_FIELDS) | set(REFUSED_ROLES)
+    assert set(TEXT_PART_FIELDS) == set(ChatCompletionContentPartTextParam.__annotations__)
+    assert set(STREAM_OPTIONS) == set(ChatCompletionStreamOptionsParam.__annotations__)
+
+
+def test_implemented_is_exactly_what_the_models_read() -> None:
+    """The one fact: a model field is an implemented row and the other way round."""
+    for endpoint, table in PARAMETERS.items():
+        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
+            set(BODIES[endpoint].model_fields), endpoint
+    assert {k for k, p in MESSAGE_FIELDS.items() if p.status == IMPLEMENTED} == \
+        set(Message.model_fields)
+    assert {k for k, p in STREAM_OPTIONS.items() if p.status == IMPLEMENTED} == \
+        set(StreamOptions.model_fields)
+    for table in (*PARAMETERS.values(), *NESTED.values()):
+        for name, p in table.items():
+            assert p.status in (IMPLEMENTED, DEFAULT_ONLY, REFUSED), name
+            assert bool(p.noop) == (p.status == DEFAULT_ONLY), name
+            assert p.note and "|" not in p.note, name
+
+
+# The table is the documentation's --------------------------------------------------------
+
+def test_docs_api_md_holds_the_table() -> None:
+    block = docs_block()
+    assert block == parameter_table(), (
+        "docs/API.md's parameter tables differ from jobs.requests; paste "
+        "jobs.requests.parameter_table()'s output between the markers")
+    params, nested = block.split("\n\n")
+    by_method = {v: k for k, v in METHODS.items()}
+    documented: dict[str, dict[str, str]] = {endpoint: {} for endpoint in PARAMETERS}
+    for method, name, status, _accepted, _note in rows(params):
+        documented[by_method[method]][name] = status
+    for endpoint in PARAMETERS:
+        assert list(documented[endpoint]) == sdk_parameters(endpoint)
+        assert documented[endpoint] == {k: p.status for k, p in PARAMETERS[endpoint].items()}
+    fields: dict[str, dict[str, str]] = {}
+    for obj, name, status, _accepted, _note in rows(nested):
+        fields.setdefault(obj, {})[name] = status
+    assert fields == {obj: {k: p.status for k, p in t.items()} for obj, t in NESTED.items()}
+
+
+def test_the_documented_example_message_is_the_one_sent() -> None:
+    e = refused(CHAT, {**MINIMAL[CHAT], "logprobs": True})
+    assert f"(`{e.message}`)" in " ".join(API_MD.read_text().split())
+
+
+# The validation does what the table says -------------------------------------------------
+
+NOT_A_NOOP = {"on": [1, 2]}  # no parameter's no-op value
+CASES = [(endpoint, name) for endpoint, table in PARAMETERS.items()
+         for name, p in table.items() if p.status != IMPLEMENTED]
+
+
+@pytest.mark.parametrize(("endpoint", "name"), CASES, ids=[f"{e} {n}" for e, n in CASES])
+def test_each_parameter_not_implemented_is_refused_naming_it(endpoint: str, name: str) -> None:
+    e = refused(endpoint, {**MINIMAL[endpoint], name: NOT_A_NOOP})
+    assert (e.param, e.code, e.status) == (name, "unsupported_parameter", 400)
+    assert e.to_dict()["type"] == "invalid_request_error"
+    assert name in e.message.split(":", 1)[1] or PARAMETERS[endpoint][name].note in e.message
+
+
+@pytest.mark.parametrize(("endpoint", "name", "value"), REAL_USES,
+                         ids=[f"{e} {n} {v!r}" for e, n, v in REAL_USES])
+def test_what_clients_send_for_them_is_refused(endpoint: str, name: str, value: Any) -> None:
+    e = refused(endpoint, {**MINIMAL[endpoint], name: value})
+    assert (e.param, e.code) == (name, "unsupported_parameter")
+
+
+NOOPS = [(endpoint, name, v) for endpoint, table in PARAMETERS.items()
+         for name, p in table.items() if p.status != IMPLEMENTED for v in (*p.noop, None)]
+
+
+@pytest.mark.parametrize(("endpoint", "name", "value"), NOOPS,
+                         ids=[f"{e} {n} {v!r}" for e, n, v in NOOPS])
+def test_a_no_op_value_or_null_is_taken_and_left_out(endpoint: str, name: str,
+                                                     value: Any) -> None:
+    req = parse(endpoint, {**MINIMAL[endpoint], name: value})
+    assert req.model_fields_set == set(MINIMAL[endpoint])
+    assert name not in req.model_dump(exclude_unset=True)
+
+
+def test_integers_for_zero_numbers_are_zero() -> None:
+    for value in (0, 0.0, -0.0):
+        parse_generation(CHAT, {**MINIMAL[CHAT], "presence_penalty": value,
+                                "frequency_penalty": value})
+
+
+def test_null_is_the_default_of_an_implemented_parameter() -> None:
+    req = parse_generation(CHAT, {**MINIMAL[CHAT], "temperature": None, "top_p": None,
+                                  "stream": None, "max_tokens": None, "seed": None,
+                                  "stop": None, "stream_options": None, "user": None})
+    assert (req.temperature, req.top_p, req.stream, req.token_limit()) == (1.0, 1.0, False,
+                                                                          None)
+    assert parse_embeddings({**MINIMAL[EMBEDDINGS], "encoding_format": None,
+                             "dimensions": None}, 8).encoding_format == "float"
+    # a required one is not optional: null is its wrong type
+    assert refused(CHAT, {"model": None, "messages": MSGS}).param == "model"
+    assert refused(CHAT, {"model": "m", "messages": None}).param == "messages"
+
+
+@pytest.mark.parametrize("endpoint", list(PARAMETERS))
+def test_an_unknown_parameter_is_refused_naming_it(endpoint: str) -> None:
+    e = refused(endpoint, {**MINIMAL[endpoint], "temprature": 0.5})
+    assert (e.param, e.code) == ("temprature", "unknown_parameter")
+    assert e.message == (f"temprature: unknown parameter: {endpoint} has no parameter "
+                         "'temprature'")
+
+
+def test_another_endpoints_parameter_is_unknown() -> None:
+    e = refused(COMPLETIONS, {**MINIMAL[COMPLETIONS], "max_completion_tokens": 4})
+    assert (e.param, e.code) == ("max_completion_tokens", "unknown_parameter")
+    assert refused(EMBEDDINGS, {**MINIMAL[EMBEDDINGS], "temperature": 0}).code == \
+        "unknown_parameter"
+    assert refused(CHAT, {**MINIMAL[CHAT], "echo": False}).code == "unknown_parameter"
+
+
+def test_the_message_says_what_is_taken_and_why() -> None:
+    e = refused(CHAT, {**MINIMAL[CHAT], "presence_penalty": 0.5})
+    assert e.message == ("presence_penalty: unsupported parameter: inferq takes "
+                         "presence_penalty only as 0 or null, got a number (0.5): "
+                         "repetition penalties are not implemented")
+    e = refused(CHAT, {**MINIMAL[CHAT], "tools": []})
+    assert e.message == ("tools: unsupported parameter: tool and function calling are not "
+                         "implemented; leave tools out (or null)")
+
+
+# Inside a chat body ----------------------------------------------------------------------
+
+def chat(*messages: Any, **params: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), **params}
+
+
+@pytest.mark.parametrize(("message", "param", "code"), [
+    ({"role": "user", "content": "hi", "weight": 2}, "messages.1.weight", "unknown_parameter"),
+    ({"role": "user", "content": "hi", "refusal": None}, "messages.1.refusal",
+     "unknown_parameter"),  # not a field of a user message
+    ({"role": "tool", "content": "42", "tool_call_id": "call_1"}, "messages.1.role",
+     "unsupported_parameter"),
+    ({"role": "function", "content": "42", "name": "f"}, "messages.1.role",
+     "unsupported_parameter"),
+    ({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+     "messages.1.tool_calls", "unsupported_parameter"),
+    ({"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
+     "messages.1.function_call", "unsupported_parameter"),
+    ({"role": "assistant", "content": "no", "refusal": "I can't"}, "messages.1.refusal",
+     "unsupported_parameter"),
+    ({"role": "assistant", "audio": {"id": "a"}}, "messages.1.audio", "unsupported_parameter"),
+    ({"role": "user", "content": [{"type": "text", "text": "a"},
+                                  {"type": "image_url", "image_url": {"url": "x"}}]},
+     "messages.1.content.1.type", "unsupported_parameter"),
+    ({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
+     "messages.1.content.0.type", "unsupported_parameter"),
+    ({"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]},
+     "messages.1.content.0.type", "unsupported_parameter"),
+    ({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+     "messages.1.content.0.type", "unsupported_parameter"),
+    ({"role": "system", "content": [{"type": "text", "text": "a",
+                                     "prompt_cache_breakpoint": {"mode": "explicit"}}]},
+     "messages.1.content.0.prompt_cache_breakpoint", "unsupported_parameter"),
+    ({"role": "user", "content": [{"type": "text", "text": "a", "cache": True}]},
+     "messages.1.content.0.cache", "unknown_parameter"),
+])
+def test_inside_messages_the_same(message: dict[str, Any], param: str, code: str) -> None:
+    e = refused(CHAT, chat({"role": "system", "content": "be brief"}, message))
+    assert (e.param, e.code) == (param, code), e.message
+    with pytest.raises(InvalidRequest) as job:  # a batch default (or line) alike
+        parse_model(BatchCreate, {"input_file_id": "f", "endpoint": CHAT,
+                                  "completion_window": "24h",
+                                  "body": chat({"role": "user", "content": "x"}, message)})
+    assert (job.value.param, job.value.code) == ("body." + param, code)
+
+
+def test_what_a_message_takes() -> None:
+    """An assistant message as the SDK returns it (its nulls), text parts, a name."""
+    req = parse_generation(CHAT, chat(
+        {"role": "developer", "content": [{"type": "text", "text": "be "},
+                                          {"type": "text", "text": "brief",
+                                           "prompt_cache_breakpoint": None}]},
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "assistant", "content": "hello", "refusal": None, "tool_calls": None,
+         "function_call": None, "audio": None, "name": None},
+        {"role": "user", "content": "and?"}))
+    assert isinstance(req, ChatBody)
+    assert [m.content for m in req.messages] == ["be brief", "hi", "hello", "and?"]
+    assert req.messages[2].model_fields_set == {"role", "content"}
+
+
+def test_stream_options() -> None:
+    req = parse_generation(CHAT, chat(*MSGS, stream=True, stream_options={
+        "include_usage": True, "include_obfuscation": False}))
+    assert req.include_usage()
+    e = refused(CHAT, chat(*MSGS, stream=True, stream_options={"include_obfuscation": True}))
+    assert (e.param, e.code) == ("stream_options.include_obfuscation", "unsupported_parameter")
+    e = refused(COMPLETIONS, {**MINIMAL[COMPLETIONS], "stream": True,
+                              "stream_options": {"usage": True}})
+    assert (e.param, e.code) == ("stream_options.usage", "unknown_parameter")
+
+
+# A batch's defaults ----------------------------------------------------------------------
+
+def batch(endpoint: str, body: dict[str, Any]) -> Any:
+    return parse_model(BatchCreate, {"input_file_id": "file-x", "endpoint": endpoint,
+                                     "completion_window": "24h", "body": body})
+
+
+def test_batch_defaults_are_judged_with_the_batch() -> None:
+    ok = batch(CHAT, {"model": "m", "temperature": 0, "max_tokens": 8, "logprobs": False})
+    assert ok.body == {"model": "m", "temperature": 0, "max_tokens": 8, "logprobs": False}
+    for endpoint, body, param, code in [
+        (CHAT, {"model": "m", "logprobs": True}, "body.logprobs", "unsupported_parameter"),
+        (CHAT, {"response_format": {"type": "json_object"}}, "body.response_format",
+         "unsupported_parameter"),
+        (EMBEDDINGS, {"model": "m", "temperature": 0}, "body.temperature", "unknown_parameter"),
+        (COMPLETIONS, {"echo": True}, "body.echo", "unsupported_parameter"),
+    ]:
+        with pytest.raises(InvalidRequest) as e:
+            batch(endpoint, body)
+        assert (e.value.param, e.value.code) == (param, code)
+        assert e.value.message.startswith(f"{param}: ")
