@@ -129,7 +129,8 @@ class BatchCreate(BaseModel):
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None
     service_tier: Literal["default", "flex", "auto"] = "default"
-    # inferq extension: request defaults for Parquet inputs (e.g. {"model": ...}).
+    # inferq extension: request defaults, under each request's own fields (JSONL) or
+    # beside a dataset's input column (Parquet), e.g. {"model": ...}.
     body: dict[str, Any] = Field(default_factory=dict)
     # inferq extension: where the batch's terminal event is also sent (jobs/webhooks.py).
     callback_url: str | None = Field(default=None, max_length=2048)

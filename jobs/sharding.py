@@ -3,8 +3,10 @@
 Every line is parsed once. Whole-file problems (bad JSON, duplicate or missing
 custom_id, wrong url or method, unknown or mixed models, bad encoding, a line
 over the size limit) are collected with line numbers and fail the batch.
-Per-request problems (the body does not match the endpoint's schema) become
-error-file lines and the rest of the batch runs.
+Per-request problems (the body does not match the endpoint's schema, or holds a
+parameter inferq does not support: jobs.requests.supported) become error-file lines
+and the rest of the batch runs. The batch's ``body`` defaults are under every request,
+JSONL line or Parquet row alike: a request's own fields win.
 
 Client text quoted in a whole-file error (a custom_id, a url, a model name) goes
 through ``shown``: escaped and cut short, since the errors are stored with the batch.
@@ -219,7 +221,11 @@ def _json_type(v: Any) -> str:
     return f"a {type(v).__name__}"
 
 
-def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
+def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int,
+                defaults: dict[str, Any] | None = None) -> None:
+    """One request per line; a line's body is merged over ``defaults`` (the batch's
+    ``body``): its own fields win, as a dataset's input column does."""
+    defaults = defaults or {}
     first = True
     for n, raw in _lines(stream, max_line):
         if raw is None:
@@ -259,7 +265,8 @@ def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int) -> None:
             s.plan.fail("invalid_url", f"url must be {s.endpoint} (the batch's endpoint), got "
                         f"{shown(obj.get('url'))}", n, "url")
             continue
-        s.add(n, obj.get("custom_id"), obj.get("body"))
+        body = obj.get("body")
+        s.add(n, obj.get("custom_id"), {**defaults, **body} if isinstance(body, dict) else body)
 
 
 def shard_parquet(s: _Sharder, path: Path, defaults: dict[str, Any]) -> None:
@@ -334,5 +341,5 @@ def validate_and_shard(store: ObjectStore, *, batch_id: str, file_key: str, file
                             f"{shown(str(e), 300)}", None)
     else:
         with store.open(file_key) as stream:
-            shard_jsonl(s, stream, max_line)
+            shard_jsonl(s, stream, max_line, defaults)
     return s.finish()

@@ -605,3 +605,24 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
     assert plan.invalid == 1
     assert errors_by_id(ctx, batch_id)["req-extra"]["body"]["error"]["param"] == "temperature"
 
+
+def test_jsonl_lines_take_the_batch_body_defaults_their_own_fields_win(ctx: Context) -> None:
+    """As for a Parquet row: the batch's ``body`` under every line."""
+    rows = [{"custom_id": "no-model", "method": "POST", "url": EMB, "body": {"input": "a b"}},
+            line("own-model", "c"), {"custom_id": "own-dims", "method": "POST", "url": EMB,
+                                      "body": {"input": "d", "dimensions": 16}}]
+    plan, batch_id = shard(ctx, jsonl(rows), defaults={"model": MODEL, "dimensions": 8})
+    assert plan.errors == [] and plan.invalid == 0 and plan.model == MODEL
+    bodies = {r["custom_id"]: json.loads(r["body"]) for s in shard_rows_of(ctx, batch_id)
+              for r in s}
+    assert bodies == {"no-model": {"model": MODEL, "input": "a b", "dimensions": 8},
+                      "req-own-model": {"model": MODEL, "input": "c", "dimensions": 8},
+                      "own-dims": {"model": MODEL, "input": "d", "dimensions": 16}}
+    # a default a line could not take makes each line's error line, as in a Parquet row
+    # (POST /v1/batches refuses such defaults: this is a batch stored before that)
+    plan, batch_id = shard(ctx, jsonl([line(0, "x")]), defaults={"echo": True})
+    assert plan.invalid == 1
+    assert errors_by_id(ctx, batch_id)["req-0"]["body"]["error"]["param"] == "echo"
+    # without defaults a line still needs its model
+    plan, _ = shard(ctx, jsonl(rows[:1]))
+    assert codes(plan) == [("missing_model", 1)]
