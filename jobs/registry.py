@@ -395,9 +395,10 @@ def manifest(src: Path) -> list[dict[str, Any]]:
 
 
 def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
-                context_length: int, owned_by: str = "inferq", reupload: bool = False
-                ) -> Model:
-    """Upload a model directory into the repository, then register it.
+                context_length: int, owned_by: str = "inferq", reupload: bool = False,
+                precision: str = FP32, default: str = "newest") -> Model:
+    """Upload a model directory into the repository, then register it (``precision`` and
+    ``default`` as ``register`` takes them).
 
     The files go first and their manifest last (``keys.model_manifest``). A store
     that already holds this version with the same manifest is complete, so its
@@ -424,7 +425,8 @@ def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, s
             if key not in listed:
                 ctx.store.delete(key)
         ctx.store.put_bytes(record, listing)
-    return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix)
+    return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix,
+                    precision=precision, default=default)
 
 
 def _stored_manifest(ctx: Context, record: str) -> bytes | None:
