@@ -1,4 +1,7 @@
-"""Sentence-embedding models (BERT-style encoders, mean pooling, L2 norm)."""
+"""Sentence-embedding models: BERT-style encoders, pooled and normalised as the folder's
+sentence-transformers modules say (mean, cls, max or lasttoken pooling; L2 normalisation
+when a Normalize module is listed), mean pooling + L2 normalisation for a plain encoder
+(``jobs.fleet.folders.read_pooling``)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from jobs import registry
+from jobs.fleet.folders import read_pooling
 from workers.runtime import precision as precisions
 from workers.runtime.embedding_inputs import EmbeddingInputs, check_dimensions
 from workers.runtime.faults import inject_oom
@@ -44,6 +48,7 @@ class EmbeddingModel(EmbeddingInputs):
         self.model = precisions.apply(AutoModel.from_pretrained(str(path)).eval().to(self.device),
                                       precision, self.device)
         self.max_length = max_length or registry.read_context_length(path)
+        self.pooling = read_pooling(path)
         self.dim = int(self.model.config.hidden_size)
         self.vocab_size = int(self.model.config.vocab_size)  # rows of the embedding table
         self.cls = self.tokenizer.cls_token_id
@@ -56,7 +61,8 @@ class EmbeddingModel(EmbeddingInputs):
 
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> np.ndarray:
-        """One forward pass over a micro-batch; rows are L2-normalised float32."""
+        """One forward pass over a micro-batch; rows are float32, pooled (and normalised)
+        as ``self.pooling`` says."""
         width = max(len(x) for x in batch)
         if self.fault_fail:
             raise RuntimeError("injected: the model failed")
@@ -68,7 +74,23 @@ class EmbeddingModel(EmbeddingInputs):
             mask[i, : len(x)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        pooled = pool(hidden, mask, self.pooling.mode)
+        if self.pooling.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.float().cpu().numpy()
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """One vector per row of right-padded token states ``hidden`` (rows x width x dim),
+    ``mask`` marking the real tokens: as sentence-transformers' Pooling does."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(m == 0, -1e9).max(1).values
+    if mode == "lasttoken":
+        last = (mask.sum(1) - 1).clamp(min=0)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"unknown pooling {mode!r}")
