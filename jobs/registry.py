@@ -367,6 +367,23 @@ def set_pool(ctx: Context, name: str, version: str, min_resident: int | None = N
     return m
 
 
+def unregister(ctx: Context, name: str, version: str,
+               check: Callable[[Any, Model], None] | None = None) -> Model:
+    """Delete the row of ``name``'s ``version`` under the name's lock, after ``check(session,
+    row)`` (which refuses by raising) in the same transaction. ValueError when it is not
+    registered. Its files in the store are the caller's to delete."""
+    with ctx.db.session() as s:
+        s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
+        m = _version_row(s, name, version)
+        if check is not None:
+            check(s, m)
+        s.delete(m)
+        s.flush()
+        s.expunge(m)
+    _registered()
+    return m
+
+
 def _registered() -> None:
     global _last_registration
     _last_registration = next(_registrations)
