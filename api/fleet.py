@@ -1,5 +1,6 @@
-"""/v1/organization/models: rollouts and warm pools of model versions, and where each is
-resident (inferq extensions of the Admin API; admin keys only)."""
+"""/v1/organization/models: a data team's own model versions added and retired, rollouts
+and warm pools of model versions, and where each is resident (inferq extensions of the
+Admin API; admin keys only)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from api import context
 from api.schemas import json_body
 from jobs import registry, rollout
 from jobs.errors import NotFound, shown
+from jobs.fleet import folders, retire
 from jobs.requests import parse_model
 
 bp = Blueprint("fleet", __name__)
@@ -51,6 +53,38 @@ class PoolBody(BaseModel):
 
     min_resident: Annotated[int, Field(strict=True, ge=0, le=10_000)] | None = None
     idle_unload_s: Annotated[int, Field(strict=True, ge=1, le=10**9)] | None = None
+
+
+class ModelAdd(BaseModel):
+    """A model version published from a folder the API's host can read: a local path or
+    an object-store URI ``s3://bucket/prefix/`` (jobs.fleet.folders checks it first)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    version: str | None = Field(default=None, min_length=1, max_length=64)
+    kind: Literal["embeddings", "chat", "completions"]
+    source: str = Field(min_length=1, max_length=512)
+    precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
+    default: bool = False
+    allow_pickle: bool = False
+
+
+@bp.post("/models")
+def add() -> Any:
+    """Publish a version; the name's rollout (its versions) as the routes below answer."""
+    ctx = context()
+    body = parse_model(ModelAdd, json_body())
+    folders.add(ctx, body.name, body.source, body.kind, body.version, body.precision,
+                body.default, body.allow_pickle)
+    return rollout.status(ctx, body.name)
+
+
+@bp.delete("/models/<name>/versions/<version>")
+def remove(name: str, version: str) -> Any:
+    """Retire a version nothing is pinned to (409 ``model_version_in_use`` otherwise)."""
+    retire.remove(context(), name, version)
+    return {"id": registry.ref(name, version), "object": "model.version", "deleted": True}
 
 
 @bp.get("/models")

@@ -241,6 +241,71 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
         ctx.close()
 
 
+@models.command("add")
+@click.argument("name")
+@click.argument("path")
+@click.option("--kind", type=click.Choice(["embeddings", "chat", "completions"]),
+              required=True, help="completions: a generation model without a chat template")
+@click.option("--version", "version", help="the version's name (default: the next number)")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16", "int8"]),
+              default="fp32", show_default=True, help="bf16/fp16: GPU workers; int8: CPU workers")
+@click.option("--default", "make_default", is_flag=True,
+              help="serve it under the bare NAME from now on (a name's first version is)")
+@click.option("--allow-pickle", is_flag=True,
+              help="publish pickled weights (.bin, .pt): loading them runs their code")
+def models_add(name: str, path: str, kind: str, version: str | None, precision: str,
+               make_default: bool, allow_pickle: bool) -> None:
+    """Publish your own model as a version of NAME: PATH is a local folder or an
+    object-store URI s3://bucket/prefix/ (read with this deployment's object-store
+    credentials). The folder is checked first; nothing is uploaded if it is refused."""
+    from jobs.context import Context
+    from jobs.errors import InferqError
+    from jobs.fleet import folders
+
+    ctx = Context(_backends(DATABASE, OBJECT_STORE))
+    try:
+        t0 = time.perf_counter()
+        added = folders.add(ctx, name, path, kind, version, precision, make_default,
+                            allow_pickle)
+    except InferqError as e:
+        raise click.ClickException(e.message) from None
+    finally:
+        ctx.close()
+    from jobs import registry
+
+    m = added.model
+    click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, context "
+               f"{m.context_length}, {len(m.files)} files, "
+               f"{registry.total_bytes(m) / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s"
+               f"{'; the default' if m.is_default else ''}")
+    for note in added.notes:
+        click.echo(note)
+
+
+@models.command("remove")
+@click.argument("name")
+@click.argument("version")
+def models_remove(name: str, version: str) -> None:
+    """Retire NAME's VERSION: its registry row and its files. Refused while it is the
+    default of a name with other versions, has a canary, shadow or warm pool, shares its
+    files with a derived version, or a batch or job not finished names it."""
+    from jobs.context import Context
+    from jobs.errors import InferqError
+    from jobs.fleet import retire
+
+    st = _backends(DATABASE, OBJECT_STORE)  # live workers unload it when Redis is known
+    ctx = Context(st)
+    try:
+        got = retire.remove(ctx, name, version, unload=bool(st.redis_url))
+    except InferqError as e:
+        raise click.ClickException(e.message) from None
+    finally:
+        ctx.close()
+    where = f"; unloaded on {', '.join(got.unloaded_on)}" if got.unloaded_on else ""
+    files = f"{got.files_deleted} objects deleted" if got.files_deleted else "its files kept"
+    click.echo(f"{name}: version {version} removed ({files}){where}")
+
+
 @models.command("list")
 def models_list() -> None:
     """List registered model versions (* marks the default of each name), their traffic
