@@ -365,8 +365,8 @@ LOGIT_BIAS = "logit bias is not implemented"
 TOOLS = "tool and function calling are not implemented"
 LOGPROBS = "log probabilities are not implemented"
 PROMPT_CACHE = "no client-directed prompt cache (the workers' prefix cache needs no hints)"
-USER = ("checked (at most 256 characters), else unused: it changes no answer, and inferq "
-        "does not record it")
+USER = ("checked (at most 256 characters), else unused: it changes no answer (a job or a "
+        "batch keeps it only as part of the request's stored body)")
 MAX_TOKENS = "the completion's token limit, within the context; none: the rest of the context"
 SHARED: dict[str, Param] = {
     "max_tokens": _impl(MAX_TOKENS),
