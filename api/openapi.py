@@ -39,7 +39,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "admin.create_project": admin.ProjectCreate, "admin.update_project": admin.ProjectUpdate,
     "admin.create_service_account": admin.ServiceAccountCreate,
     "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate,
-    "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody}
+    "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody, "fleet.add": fleet.ModelAdd}
 # Bodies that may be left out entirely (every field optional).
 OPTIONAL_BODIES = {"webhooks.update", "webhooks.rotate_secret", "webhooks.rotate_callback_secret",
                    "admin.update_project", "admin.create_key"}
@@ -78,7 +78,7 @@ OK: dict[str, type[BaseModel]] = {
     "usage.embeddings": s.UsagePage[s.EmbeddingsUsage],
     "usage.costs": s.UsagePage[s.CostsResult],
     "fleet.list_": s.RolloutList, "fleet.get": s.Rollout, "fleet.step": s.Rollout,
-    "fleet.pool": s.Rollout}
+    "fleet.pool": s.Rollout, "fleet.add": s.Rollout, "fleet.remove": s.Deleted}
 TEXT = {"type": "string"}
 # One Server-Sent Event (an event stream's schema describes each of its events).
 SSE = {"type": "object", "required": ["data"], "properties": {
@@ -113,7 +113,8 @@ ERRORS: dict[str, set[int]] = {
     "webhooks.callback_secret": {404}, "health.metrics": {401, 403},
     "admin.create_project": {409}, "admin.update_project": {409},
     "admin.archive_project": {409}, "admin.create_service_account": {409},
-    "admin.create_key": {409}, "admin.update_rate_limit": {409}}
+    "admin.create_key": {409}, "admin.update_rate_limit": {409},
+    "fleet.add": {409}, "fleet.remove": {409}}
 IDEMPOTENT = {"batches.create", "files.create", "jobs.create"}
 STATUS_TEXT = {200: "success", 204: "no content", 400: "invalid request",
                401: "no valid API key", 403: "the key may not do this",

@@ -93,6 +93,8 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("GET", "/v1/organization/models/<name>/rollout"): "fleet.get",
     ("POST", "/v1/organization/models/<name>/rollout"): "fleet.step",
     ("POST", "/v1/organization/models/<name>/versions/<version>/pool"): "fleet.pool",
+    ("POST", "/v1/organization/models"): "fleet.add",
+    ("DELETE", "/v1/organization/models/<name>/versions/<version>"): "fleet.remove",
 }
 
 
