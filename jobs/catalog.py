@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from jobs import registry
 from jobs.context import Context
 from jobs.errors import InvalidRequest, shown
-from jobs.requests import EMBEDDINGS
+from jobs.requests import COMPLETIONS, EMBEDDINGS
 
 TTL_S = 5.0
 
@@ -28,9 +28,13 @@ class ModelInfo:
     kind: str
 
 
-def kind_for(endpoint: str) -> str:
-    """The model kind that serves ``endpoint``."""
-    return registry.EMBEDDINGS_KIND if endpoint == EMBEDDINGS else registry.CHAT_KIND
+def kinds_for(endpoint: str) -> tuple[str, ...]:
+    """The model kinds that serve ``endpoint``."""
+    if endpoint == EMBEDDINGS:
+        return (registry.EMBEDDINGS_KIND,)
+    if endpoint == COMPLETIONS:
+        return (registry.CHAT_KIND, registry.COMPLETIONS_KIND)
+    return (registry.CHAT_KIND,)
 
 
 class Catalog:
@@ -48,11 +52,12 @@ class Catalog:
         """The model ``name`` if it serves ``endpoint``; else an InvalidRequest whose
         message lists the models that do (``name`` quoted and cut short: it is the
         client's text, and the message may be stored)."""
-        kind = kind_for(endpoint)
+        kinds = kinds_for(endpoint)
         m = self.models.get(name)
-        if m is not None and m.kind == kind:
+        if m is not None and m.kind in kinds:
             return m
-        available = self.names(kind)
+        available = sorted({n for k in kinds for n in self.names(k)},
+                           key=lambda n: (n.lower(), n))
         listed = ", ".join(available) if available else "none is registered"
         article = "an" if m is not None and m.kind[:1] in "aeiou" else "a"
         what = ("does not exist" if m is None

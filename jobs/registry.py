@@ -42,8 +42,10 @@ from jobs.models import Model, now
 from storage import keys
 from storage.objects import ObjectNotFound
 
-EMBEDDINGS_KIND, CHAT_KIND = "embeddings", "chat"
-KINDS = (EMBEDDINGS_KIND, CHAT_KIND)
+# A chat model serves /v1/chat/completions and /v1/completions; a completions model (a
+# generation model without a chat template) /v1/completions only.
+EMBEDDINGS_KIND, CHAT_KIND, COMPLETIONS_KIND = "embeddings", "chat", "completions"
+KINDS = (EMBEDDINGS_KIND, CHAT_KIND, COMPLETIONS_KIND)
 # The precisions a version's weights are served in: fp32 anywhere; bf16 and fp16 on a
 # GPU; int8 (dynamic quantization of the linear layers) on a CPU.
 FP32 = "fp32"

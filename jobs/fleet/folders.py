@@ -22,8 +22,7 @@ The checks, each refusal one line naming what is missing (``Refused``):
   (``vocab.txt``, ``vocab.json`` + ``merges.txt``, or a sentencepiece model);
 - chat only: a chat template (``tokenizer_config.json``'s ``chat_template``,
   ``chat_template.jinja`` or ``chat_template.json``). completions is a generation model
-  without one: registered under the generation engine's kind (``chat``), it serves
-  ``/v1/completions``;
+  without one: registered as kind ``completions``, it serves ``/v1/completions`` only;
 - weights as safetensors (every shard an index names present). Pickled weights
   (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) run code when loaded: refused
   unless ``allow_pickle``, wherever they are in the folder;
@@ -61,7 +60,7 @@ from storage.objects import ObjectStore, open_store
 KINDS = ("embeddings", "chat", "completions")
 # The registry kind (the engine) each kind of ``models add`` is served by.
 ENGINE_KIND = {"embeddings": registry.EMBEDDINGS_KIND, "chat": registry.CHAT_KIND,
-               "completions": registry.CHAT_KIND}
+               "completions": registry.COMPLETIONS_KIND}
 OWNED_BY = "organization-owner"
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 VOCABULARIES = (("vocab.txt",), ("vocab.json", "merges.txt"), ("vocab.json",),

@@ -84,3 +84,18 @@ def test_the_registry_does_not_import_the_catalog() -> None:
              for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
              for a in n.names]
     assert names and not [x for x in names if "catalog" in x]
+
+
+def test_a_completions_model_serves_completions_only() -> None:
+    models = Catalog([ModelInfo("talker", "chat"), ModelInfo("writer", "completions")])
+    body = {"model": "writer", "prompt": "Once"}
+    assert parse_generation(COMPLETIONS, body, models).model == "writer"
+    with pytest.raises(InvalidRequest) as e:
+        parse_generation(CHAT, {"model": "writer",
+                                "messages": [{"role": "user", "content": "hi"}]}, models)
+    assert (e.value.param, e.value.code) == ("model", "model_not_found")
+    assert e.value.message == ("The model 'writer' is a completions model, not for "
+                               "/v1/chat/completions. Models for /v1/chat/completions: talker")
+    with pytest.raises(InvalidRequest) as e:
+        parse_generation(COMPLETIONS, {"model": "nope", "prompt": "x"}, models)
+    assert e.value.message.endswith("Models for /v1/completions: talker, writer")
