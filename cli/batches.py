@@ -109,8 +109,8 @@ def failure(b: Any) -> str:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--endpoint", default="/v1/embeddings", show_default=True)
 @click.option("--model", default=None,
-              help="model of every row of a Parquet input (needed there; a JSONL input's "
-                   "lines name theirs, and --model is refused)")
+              help="model of every row (needed for a Parquet input; a JSONL line that "
+                   "names its own model keeps it)")
 @click.option("--metadata", multiple=True, metavar="KEY=VALUE", help="batch metadata (repeatable)")
 @click.option("--service-tier", type=click.Choice(["default", "flex", "auto"]), default=None,
               help="flex: low priority, served by spot workers")
@@ -128,9 +128,6 @@ def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ..
     if model is None and parquet:
         raise click.ClickException("a Parquet input names no model: pass --model "
                                    "(e.g. --model all-MiniLM-L6-v2)")
-    if model is not None and not parquet:
-        raise click.BadParameter("applies to Parquet inputs only: each line of a JSONL "
-                                 "input names its model in its body", param_hint="--model")
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     client = _client(api_url, api_key)

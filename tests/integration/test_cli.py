@@ -288,6 +288,17 @@ def test_parquet_input_needs_a_model_and_output_is_named_parquet(up: Up,
     assert sorted(table.column("custom_id").to_pylist()) == sorted(f"p{i}" for i in range(12))
 
 
+def test_model_is_a_default_for_jsonl_lines_too(up: Up, tmp_path: Path) -> None:
+    inp = tmp_path / "no-model.jsonl"
+    inp.write_bytes(jsonl([{"custom_id": f"j{i}", "method": "POST", "url": "/v1/embeddings",
+                            "body": {"input": f"line {i}"}} for i in range(3)]))
+    batch_id = up.ok("submit", str(inp), "--model", "all-MiniLM-L6-v2", "--wait").split()[0]
+    assert up.run("results", batch_id, "-o", str(tmp_path / "out.jsonl")).returncode == 0
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == ["j0", "j1", "j2"]
+    assert {r["response"]["body"]["model"] for r in rows} == {"all-MiniLM-L6-v2"}
+
+
 def test_a_failed_batch_says_why_once(up: Up, tmp_path: Path) -> None:
     inp = tmp_path / "bad.jsonl"
     inp.write_bytes(jsonl([emb_line(i, f"text {i}", model="no-such-model")
@@ -315,8 +326,6 @@ def test_user_errors_are_one_line(up: Up, tmp_path: Path) -> None:
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([emb_line(0, "x")]))
     one_line_error(up.run("submit", str(inp), "--metadata", "x"), "KEY=VALUE")
-    one_line_error(up.run("submit", str(inp), "--model", "all-MiniLM-L6-v2"), "--model",
-                   "Parquet inputs only")
     one_line_error(up.run("submit", str(inp), "--idempotency-key", "k" * 251),
                    "--idempotency-key", "1 to 250")
     one_line_error(up.run("projects", "create", "t" * 201), "NAME", "1 to 200")
