@@ -30,6 +30,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -237,6 +238,11 @@ def _reported(located: list[tuple[ErrorDetails, list[int | str]]]
 # Text generation ---------------------------------------------------------------------------
 
 MAX_STOP = 4
+# OpenAI's bounds: logit_bias entries and their values, choices, log probabilities.
+MAX_LOGIT_BIAS, MAX_BIAS = 300, 100
+MAX_N, MAX_BEST_OF = 128, 20
+MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
+Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
 class StreamOptions(BaseModel):
@@ -276,6 +282,10 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Name | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, float] | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
 
     @field_validator("stop")
     @classmethod
@@ -284,6 +294,27 @@ class Sampling(BaseModel):
         if len(stops) > MAX_STOP or any(not s for s in stops):
             raise ValueError(f"stop takes up to {MAX_STOP} non-empty strings")
         return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        """Token ids (decimal strings) to -100..100; which ids the model has is the
+        worker's to check (``workers.generation_request``)."""
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens, got {len(v)}")
+        for k, bias in v.items():
+            if not (k.isascii() and k.isdigit() and len(k) <= 10 and int(k) < 2**31):
+                raise ValueError(f"logit_bias: keys are token ids (integers as strings), got "
+                                 f"{shown(k, 32)}")
+            if not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise ValueError(f"logit_bias: values are from -{MAX_BIAS} to {MAX_BIAS}, "
+                                 f"got {bias:g} for token {k}")
+        return v
+
+    def token_bias(self) -> dict[int, float]:
+        return {int(k): float(b) for k, b in (self.logit_bias or {}).items()}
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -298,13 +329,46 @@ class Sampling(BaseModel):
 class ChatBody(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs: logprobs must be true when top_logprobs is set")
+        return v
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def top_count(self) -> int | None:
+        """Alternatives reported per token (None: no log probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionBody(Sampling):
     prompt: Text | list[Text]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=MAX_BEST_OF)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and isinstance(n, int) and v < n:
+            raise ValueError(f"best_of: must be at least n ({n}), got {v}")
+        if v is not None and v > 1 and info.data.get("stream"):
+            raise ValueError("best_of: results cannot be streamed when best_of is above 1")
+        return v
+
+    def top_count(self) -> int | None:
+        return self.logprobs
+
+    def candidates(self) -> int:
+        """Sequences generated: best_of (at least n)."""
+        return self.best_of or self.n
 
     @field_validator("prompt")
     @classmethod
@@ -360,8 +424,12 @@ def _refused(note: str) -> Param:
     return Param(REFUSED, note)
 
 
-PENALTIES = "repetition penalties are not implemented"
-LOGIT_BIAS = "logit bias is not implemented"
+PENALTIES = ("-2 to 2, OpenAI's formula: each token's logit less `presence_penalty` if the "
+             "choice generated it so far and `frequency_penalty` times the times it did")
+LOGIT_BIAS = ("up to 300 token ids of the model's tokenizer (strings) to -100..100, added to "
+              "their logits before sampling; an id the model does not have is a 400")
+N = ("1 to 128 choices, each its own sequence (`index`; with `seed`, choice i is seeded "
+     "seed + i); usage counts every choice's tokens, the prompt once")
 TOOLS = "tool and function calling are not implemented"
 LOGPROBS = "log probabilities are not implemented"
 PROMPT_CACHE = "no client-directed prompt cache (the workers' prefix cache needs no hints)"
@@ -378,10 +446,10 @@ SHARED: dict[str, Param] = {
     "temperature": _impl("0 to 2; 0 is greedy"),
     "top_p": _impl("nucleus sampling, above 0 to 1"),
     "user": _impl(USER),
-    "frequency_penalty": _only(PENALTIES, 0.0),
-    "presence_penalty": _only(PENALTIES, 0.0),
-    "logit_bias": _only(LOGIT_BIAS, {}),
-    "n": _only("one choice per request", 1),
+    "frequency_penalty": _impl(PENALTIES),
+    "presence_penalty": _impl(PENALTIES),
+    "logit_bias": _impl(LOGIT_BIAS),
+    "n": _impl(N),
 }
 # Every parameter of the pinned SDK's chat.completions.create, completions.create and
 # embeddings.create, in the SDK's order (docs/API.md's table; tests/unit/test_parameters.py
@@ -396,7 +464,8 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "function_call": _only(TOOLS, "none"),
         "functions": _refused(TOOLS),
         "logit_bias": SHARED["logit_bias"],
-        "logprobs": _only(LOGPROBS, False),
+        "logprobs": _impl("each choice's tokens with their log probabilities (see Log "
+                          "probabilities), streamed too"),
         "max_completion_tokens": _impl(MAX_TOKENS + "; wins over `max_tokens`"),
         "max_tokens": SHARED["max_tokens"],
         "metadata": _only("completions are not stored: there is nothing to attach it to", {}),
@@ -423,7 +492,8 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "temperature": SHARED["temperature"],
         "tool_choice": _only(TOOLS, "none"),
         "tools": _refused(TOOLS),
-        "top_logprobs": _refused(LOGPROBS),
+        "top_logprobs": _impl("0 to 20 most likely tokens at each position; needs "
+                              "`logprobs: true`"),
         "top_p": SHARED["top_p"],
         "user": SHARED["user"],
         "verbosity": _refused("verbosity control is not implemented"),
@@ -432,11 +502,14 @@ PARAMETERS: dict[str, dict[str, Param]] = {
     COMPLETIONS: {
         "model": _impl("a registered chat model (`GET /v1/models`)"),
         "prompt": _impl("one prompt: a string, or a list of one string (no token-id prompts)"),
-        "best_of": _only("one completion per request", 1),
-        "echo": _only("the prompt is not echoed", False),
+        "best_of": _impl("1 to 20, at least `n`: that many sequences, the `n` with the "
+                         "highest mean log probability per token returned; not with `stream`"),
+        "echo": _impl("the prompt before each choice's text (with `logprobs`, its tokens "
+                      "too, the first one's log probability null)"),
         "frequency_penalty": SHARED["frequency_penalty"],
         "logit_bias": SHARED["logit_bias"],
-        "logprobs": _refused(LOGPROBS),
+        "logprobs": _impl("0 to 5: each token's log probability and the `logprobs` most "
+                          "likely tokens at its position (see Log probabilities)"),
         "max_tokens": SHARED["max_tokens"],
         "n": SHARED["n"],
         "presence_penalty": SHARED["presence_penalty"],

@@ -21,23 +21,35 @@ that raise alone; so is a decode (a failed decode leaves the cache as it was:
 Sampling is per row. Only the rows that raise alone fail: at the end of the step,
 with the request's error (400) when the step computed other rows, else the server's
 (``blame``). Every other row gets the output it gets without them.
+
+A request of several choices (``n``, ``best_of``), or with log probabilities or an
+echo, is ``best_of`` sequences submitted together (``_Fan``): each is a sequence like
+any other (scheduled, preempted, bisected alone; the prefix cache lets the ones admitted
+after the first take its prompt), and the request's sink is told of them as choices:
+``piece(index, text, tokens)`` as they are generated (or, when best_of > n, the n of
+highest mean log probability once all are done), ``choice_end(index, reason)`` per choice,
+then ``finish`` with the usage of them all. A sequence that fails fails its request
+(the others are dropped); it never fails another request. With seed s, sequence i
+draws from its own generator seeded s + i.
 """
 
 from __future__ import annotations
 
+import codecs
 import functools
 import heapq
 import itertools
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -45,8 +57,9 @@ from jobs.usage import split
 from workers.embedding_engine import blame, is_oom, too_large
 from workers.generation_request import GenRequest
 from workers.prefix_cache import PrefixCache
+from workers.responses import Choice, TokenLogprob
 from workers.runtime.chat import KV, ChatModel, Past
-from workers.sampling import holdback, sample, stop_at
+from workers.sampling import Pick, adjusted, choose, holdback, log_probs, stop_at, top_of
 
 log = logging.getLogger("inferq.generation")
 GROW_EVERY = 8  # clean steps per row the out-of-memory cap grows back
@@ -71,6 +84,15 @@ class Sink(Protocol):
     def finish(self, reason: FinishReason, usage: Usage) -> None: ...
     def fail(self, error: Exception) -> None: ...
     def cancelled(self) -> bool: ...
+
+
+class ChoiceSink(Sink, Protocol):
+    """The sink of a request that fans out (``GenRequest.fans``): told of each choice's
+    text and tokens (``tokens`` None when no log probabilities were asked for) and of its
+    end, before ``finish`` (the first choice's reason, every sequence's usage)."""
+
+    def piece(self, index: int, text: str, tokens: list[TokenLogprob] | None) -> None: ...
+    def choice_end(self, index: int, reason: str) -> None: ...
 
 
 @dataclass
@@ -101,6 +123,10 @@ class _Seq:
     # how far this step's chunk goes (None: to the end, then the sequence joins).
     past: Past | None = None
     chunk_to: int | None = None
+    counts: dict[int, int] = field(default_factory=dict)  # generated tokens (penalties)
+    logprob_sum: float = 0.0  # of the sampled tokens, when scored (best_of's ranking)
+    pending: list[TokenLogprob] = field(default_factory=list)  # not yet delivered
+    text_len: int = 0  # characters of the decoded text before the last token
 
     def usage(self) -> Usage:
         return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s)
@@ -185,20 +211,35 @@ class GenerationEngine:
         self._seq = itertools.count()
         self._stop = False
         self._rushed = False  # the last step was a realtime prefill alone
+        self._texts: TokenTexts | None = None  # token texts for log probabilities
         self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
         self._thread.start()
 
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
-        s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
+        """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
         if priority == 0:
             self._realtime_at = self._clock()
-        if req.seed is not None:
-            s.gen = torch.Generator().manual_seed(req.seed)
-        self._enqueue(s)
+        if not req.fans():
+            self._enqueue(self._new(req, sink, priority, req.seed))
+            return
+        fan = _Fan(cast(ChoiceSink, sink), req)
+        seqs = []
+        for b in fan.branches:
+            b.seq = self._new(req, b, priority,
+                              None if req.seed is None else req.seed + b.index)
+            seqs.append(b.seq)
+        self._enqueue(*seqs)  # together: admitted in one step where they fit
 
-    def _enqueue(self, s: _Seq) -> None:
+    def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> _Seq:
+        s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
+        if seed is not None:
+            s.gen = torch.Generator().manual_seed(seed)
+        return s
+
+    def _enqueue(self, *seqs: _Seq) -> None:
         with self._cond:
-            heapq.heappush(self._waiting, (s.priority, s.order, s))
+            for s in seqs:
+                heapq.heappush(self._waiting, (s.priority, s.order, s))
             self._cond.notify()
 
     def load(self) -> tuple[int, int]:
@@ -262,6 +303,8 @@ class GenerationEngine:
                 break
             if s.done or s.sink.cancelled():
                 heapq.heappop(self._waiting)
+                if not s.done and s.started:  # preempted, then its caller went away
+                    self._abandon(s)
                 continue
             tokens = s.tokens()
             done = max(s.past.length if s.past is not None else 0,
@@ -320,7 +363,9 @@ class GenerationEngine:
             for s in admitted:
                 if not s.started:
                     s.started = True
-                    s.sink.start()
+                    self._start(s, charged)
+            admitted = [s for s in admitted if not s.done]
+        if admitted:
             deferred: list[_Seq] = []
             chunked: list[_Seq] = []
             faults = len(self._faults)
@@ -585,53 +630,122 @@ class GenerationEngine:
     def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample one token per row, deliver text, mark finished sequences; a row that
         cannot be sampled fails alone."""
-        tokens = sample(logits, [s.req for s in seqs], [s.gen for s in seqs])
-        for s, tok in zip(seqs, tokens, strict=True):
+        picks = choose(logits, [s.req for s in seqs], [s.gen for s in seqs],
+                       [s.counts for s in seqs])
+        for s, pick in zip(seqs, picks, strict=True):
             s.rows = max(s.rows, len(seqs))
-            if isinstance(tok, Exception):
-                self._fault(s, tok)
+            if isinstance(pick, Exception):
+                self._fault(s, pick)
                 continue
             self.stats.tokens += 1
             by = self.stats.tokens_by_priority
             by[s.priority] = by.get(s.priority, 0) + 1
-            s.generated.append(tok)
-            self._deliver(s, tok)
+            s.generated.append(pick.token)
+            s.counts[pick.token] = s.counts.get(pick.token, 0) + 1
+            if pick.logprob is not None:
+                s.logprob_sum += pick.logprob
+            self._deliver(s, pick)
 
-    def _deliver(self, s: _Seq, tok: int) -> None:
+    def _deliver(self, s: _Seq, pick: Pick) -> None:
         m = self.model
-        if tok in m.eos_ids:
+        if pick.token in m.eos_ids:
             return self._finish(s, FinishReason.STOP, drop_last=True)
         text = m.decode(s.generated)
+        if s.req.logprobs is not None:
+            s.pending.append(self._entry(pick, len(s.req.text) + s.text_len))
+        s.text_len = len(text.removesuffix("\ufffd"))
         cut = stop_at(text, s.req.stop)
         if cut is not None:
-            self._emit(s, text[:cut])
+            self._emit(s, text[:cut], final=True, cut=True)
             return self._finish(s, FinishReason.STOP)
         if len(s.generated) >= s.req.max_new_tokens or s.pos + 1 >= m.context_length:
-            self._emit(s, text)
+            self._emit(s, text, final=True)
             return self._finish(s, FinishReason.LENGTH)
         self._emit(s, text[: len(text) - holdback(text, s.req.stop)])
         return None
 
-    def _emit(self, s: _Seq, text: str) -> None:
-        if len(text) > s.emitted:
-            s.sink.delta(text[s.emitted:])
-            s.emitted = len(text)
+    def _emit(self, s: _Seq, text: str, final: bool = False, cut: bool = False) -> None:
+        """Deliver the text past what was delivered and, with log probabilities, the
+        tokens whose text starts in what is delivered (at the end: all of them, or at a
+        stop string those that start before it)."""
+        tokens: list[TokenLogprob] | None = None
+        if s.req.logprobs is not None:
+            limit = len(s.req.text) + len(text)
+            k = len(s.pending) if final and not cut else next(
+                (i for i, t in enumerate(s.pending) if t.offset >= limit), len(s.pending))
+            tokens, s.pending = s.pending[:k], ([] if final else s.pending[k:])
+        delta = text[s.emitted:] if len(text) > s.emitted else ""
+        s.emitted = max(s.emitted, len(text))
+        if isinstance(s.sink, _Branch):
+            if delta or tokens:
+                s.sink.piece(delta, tokens)
+        elif delta:
+            s.sink.delta(delta)
 
     def _finish(self, s: _Seq, reason: FinishReason, drop_last: bool = False) -> None:
         s.done = True
         if drop_last:
-            self._emit(s, self.model.decode(s.generated[:-1]))
+            self._emit(s, self.model.decode(s.generated[:-1]), final=True)
         self._finishing.append((s, reason))
+
+    # Log probabilities and echoes ---------------------------------------------------------
+    def texts(self) -> TokenTexts:
+        if self._texts is None:
+            self._texts = TokenTexts(self.model.tokenizer)
+        return self._texts
+
+    def _entry(self, pick: Pick, offset: int) -> TokenLogprob:
+        texts = self.texts()
+        text, raw = texts(pick.token)
+        return TokenLogprob(text, raw, pick.logprob, [(*texts(t), lp) for t, lp in pick.top],
+                            offset)
+
+    def _start(self, s: _Seq, charged: list[tuple[_Seq, int]]) -> None:
+        """A sequence's first admission: its sink is told it started. The first sequence
+        of a request that echoes its prompt with log probabilities computes the prompt
+        tokens' (a pass of its own over the prompt, charged to it); one that raises
+        fails alone."""
+        fan = s.sink.fan if isinstance(s.sink, _Branch) else None
+        if fan is not None and fan.prompt is None and s.req.echo and s.req.logprobs is not None:
+            try:
+                fan.prompt = self._prompt_logprobs(s.req)
+            except Exception as e:  # noqa: BLE001 - this request's, and its only
+                self._fault(s, e)
+                return
+            charged.append((s, len(s.req.prompt)))
+        s.sink.start()
+
+    def _prompt_logprobs(self, req: GenRequest) -> list[TokenLogprob]:
+        """Each prompt token with its log probability given the ones before it (the
+        first has none), adjusted as generated tokens are (``logit_bias``, temperature;
+        nothing generated yet to penalize), and its offset in the prompt's text."""
+        texts, ids = self.texts(), req.prompt
+        offsets = texts.offsets(ids)
+        out = [TokenLogprob(*texts(ids[0]), None, None, offsets[0])]
+        for start, logits in prompt_scores(self.model, ids):
+            lp = log_probs(adjusted(logits, req, None), req.temperature)
+            for j in range(lp.shape[0]):
+                at = start + j + 1
+                tok = ids[at]
+                out.append(TokenLogprob(*texts(tok), float(lp[j, tok]),
+                                        [(*texts(t), v) for t, v in
+                                         top_of(lp[j], req.logprobs or 0)], offsets[at]))
+        return out
+
+    def _abandon(self, s: _Seq) -> None:
+        """``s`` is dropped because its caller went away: a sink that bills abandoned
+        work (``abandoned(usage)``) is told what it used until then."""
+        s.done = True
+        abandoned = getattr(s.sink, "abandoned", None)
+        if abandoned is not None:
+            abandoned(s.usage())
 
     def _drop_cancelled(self) -> None:
         """Drop sequences whose caller went away; a sink that bills abandoned work
         (``abandoned(usage)``) is told what the sequence used until then."""
         for s in self._running:
             if not s.done and s.sink.cancelled():
-                s.done = True
-                abandoned = getattr(s.sink, "abandoned", None)
-                if abandoned is not None:
-                    abandoned(s.usage())
+                self._abandon(s)
         self._reap()
 
     def _live(self) -> list[_Seq]:
@@ -676,11 +790,202 @@ class GenerationEngine:
             self._kv = self._kv.trim()
 
 
+class _Fan:
+    """The ``best_of`` sequences of one request that fans out, told to its sink as
+    choices (see the module's docstring). All its calls come from the engine thread."""
+
+    def __init__(self, sink: ChoiceSink, req: GenRequest) -> None:
+        self.sink, self.req = sink, req
+        self.branches = [_Branch(self, i) for i in range(req.best_of)]
+        self.ranked = req.best_of > req.n  # held back until the n best are known
+        self.prompt: list[TokenLogprob] | None = None  # an echo's tokens, computed once
+        self.started = self.failed = self.over = self.cut_short = False
+
+    def start(self, b: _Branch) -> None:
+        if not self.started:
+            self.started = True
+            self.sink.start()
+        b.began = True
+        if self.req.echo:
+            self.piece(b, self.req.text, None if self.req.logprobs is None
+                       else list(self.prompt or []))
+
+    def piece(self, b: _Branch, text: str, tokens: list[TokenLogprob] | None) -> None:
+        if self.ranked:
+            b.held.add(text, tokens)
+        elif not (self.failed or self.over):
+            self.sink.piece(b.index, text, tokens)
+
+    def done(self, b: _Branch, reason: FinishReason, usage: Usage) -> None:
+        b.settled, b.usage, b.held.reason = True, usage, str(reason)
+        if not (self.ranked or self.failed or self.over):
+            self.sink.choice_end(b.index, str(reason))
+        self._check()
+
+    def fail(self, b: _Branch, e: Exception) -> None:
+        b.settled = True
+        if not (self.failed or self.over):
+            self.failed = True
+            self.sink.fail(e)
+
+    def gone(self, b: _Branch, usage: Usage | None) -> None:
+        """``b`` was dropped (its caller went away): with its usage if it ran."""
+        b.settled, b.usage, self.cut_short = True, usage, True
+        self._check()
+
+    def cancelled(self, b: _Branch) -> bool:
+        c = self.failed or self.over or self.sink.cancelled()
+        if c and not b.began and not b.settled:  # never started: dropped from the queue now
+            self.gone(b, None)
+        return c
+
+    def usage(self) -> Usage:
+        used = [b.usage for b in self.branches if b.usage is not None]
+        return Usage(len(self.req.prompt), sum(u.completion_tokens for u in used),
+                     max((u.batch_rows for u in used), default=0),
+                     sum(u.accelerator_s for u in used))
+
+    def _check(self) -> None:
+        if self.failed or self.over or not all(b.settled for b in self.branches):
+            return
+        self.over = True
+        if self.cut_short:
+            abandoned = getattr(self.sink, "abandoned", None)
+            if abandoned is not None:
+                abandoned(self.usage())
+            return
+        chosen = self.branches
+        if self.ranked:  # OpenAI's "best": the highest log probability per token
+            chosen = sorted(self.branches, key=lambda b: -b.mean_logprob())[: self.req.n]
+            for i, b in enumerate(chosen):
+                self.sink.piece(i, b.held.text, b.held.tokens)
+                self.sink.choice_end(i, b.held.reason)
+        self.sink.finish(FinishReason(chosen[0].held.reason), self.usage())
+
+
+class _Branch:
+    """The sink of one sequence of a ``_Fan``."""
+
+    def __init__(self, fan: _Fan, index: int) -> None:
+        self.fan, self.index = fan, index
+        self.seq: _Seq | None = None
+        self.began = self.settled = False
+        self.usage: Usage | None = None
+        self.held = Choice(index)  # its choice so far (the ranked are replayed from it)
+
+    def mean_logprob(self) -> float:
+        s = self.seq
+        return s.logprob_sum / len(s.generated) if s is not None and s.generated else -math.inf
+
+    def start(self) -> None:
+        self.fan.start(self)
+
+    def delta(self, text: str) -> None:
+        self.fan.piece(self, text, None)
+
+    def piece(self, text: str, tokens: list[TokenLogprob] | None) -> None:
+        self.fan.piece(self, text, tokens)
+
+    def finish(self, reason: FinishReason, usage: Usage) -> None:
+        self.fan.done(self, reason, usage)
+
+    def fail(self, error: Exception) -> None:
+        self.fan.fail(self, error)
+
+    def abandoned(self, usage: Usage) -> None:
+        self.fan.gone(self, usage)
+
+    def cancelled(self) -> bool:
+        return self.fan.cancelled(self)
+
+
+# Token texts ---------------------------------------------------------------------------------
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's bytes_to_unicode), character to byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: b for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+BYTE_OF = _byte_decoder()
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenTexts:
+    """A token's text and UTF-8 bytes as the log probabilities report them: the bytes
+    the tokenizer maps it to (byte-level BPE's alphabet, SentencePiece's ``▁`` and
+    ``<0xNN>`` byte pieces; else its decoded text), and the text of those bytes (a
+    token that ends inside a character shows the torn bytes escaped: ``\\xe2``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self.byte_level = "ByteLevel" in repr(decoder)
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, tid: int) -> tuple[str, list[int]]:
+        hit = self.cache.get(tid)
+        if hit is None:
+            raw = self.raw(tid)
+            hit = self.cache[tid] = (raw.decode("utf-8", "backslashreplace"), list(raw))
+        return hit
+
+    def raw(self, tid: int) -> bytes:
+        piece = self.tokenizer.convert_ids_to_tokens(tid)
+        if isinstance(piece, str):
+            if self.byte_level and all(c in BYTE_OF for c in piece):
+                return bytes(BYTE_OF[c] for c in piece)
+            if m := BYTE_PIECE.fullmatch(piece):
+                return bytes([int(m.group(1), 16)])
+            if "\u2581" in piece:
+                return piece.replace("\u2581", " ").encode()
+        return str(self.tokenizer.decode([tid])).encode()
+
+    def offsets(self, ids: list[int]) -> list[int]:
+        """Where each token's text starts in the text of ``ids`` (characters)."""
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        out, n = [], 0
+        for t in ids:
+            out.append(n)
+            n += len(dec.decode(bytes(self(t)[1])))
+        return out
+
+
+@torch.inference_mode()
+def prompt_scores(model: ChatModel, ids: list[int], chunk: int = 128
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """The model's scores at every position of ``ids`` but the last, ``chunk`` positions
+    at a time: (first position, scores [positions, vocab]); row j predicts token
+    first + j + 1. The prefill keeps only the last position's, so an echo with log
+    probabilities runs this pass of its own."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for start in range(0, len(ids) - 1, chunk):
+        part = ids[start: min(start + chunk, len(ids) - 1)]
+        x = torch.tensor([part], dtype=torch.long, device=model.device)
+        pos = torch.arange(start, start + len(part), device=model.device).unsqueeze(0)
+        mask = torch.ones((1, start + len(part)), dtype=torch.long, device=model.device)
+        out = model.model(input_ids=x, attention_mask=mask, position_ids=pos, cache=cache,
+                          use_cache=True)
+        cache = out.cache
+        yield start, out.logits[0].float()
+
+
 class Collect:
-    """A sink that gathers the whole answer (batch shards and jobs)."""
+    """A sink that gathers the whole answer (batch shards and jobs): its ``choices``
+    (one unless the request fanned out), ``text`` and ``reason`` the first's."""
 
     def __init__(self, on_done: Callable[[Collect], object] | None = None) -> None:
-        self.parts: list[str] = []
+        self.choices: list[Choice] = [Choice(0)]
+        self.parts: list[str] = self.choices[0].parts
         self.reason: str = ""
         self.usage = Usage(0, 0, 0)
         self.error: Exception | None = None
@@ -694,8 +999,20 @@ class Collect:
     def delta(self, text: str) -> None:
         self.parts.append(text)
 
+    def piece(self, index: int, text: str, tokens: list[TokenLogprob] | None) -> None:
+        self._choice(index).add(text, tokens)
+
+    def choice_end(self, index: int, reason: str) -> None:
+        self._choice(index).reason = reason
+
+    def _choice(self, index: int) -> Choice:
+        while len(self.choices) <= index:
+            self.choices.append(Choice(len(self.choices)))
+        return self.choices[index]
+
     def finish(self, reason: FinishReason, usage: Usage) -> None:
         self.reason, self.usage = reason, usage
+        self.choices[0].reason = self.choices[0].reason or str(reason)
         self._done()
 
     def fail(self, error: Exception) -> None:

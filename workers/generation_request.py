@@ -1,7 +1,10 @@
-"""A generation request: what the engine runs for one sequence, built from a chat or
-completions body and checked against the model's template and context window.
+"""A generation request: what the engine runs for one request, built from a chat or
+completions body and checked against the model's template, context window and
+vocabulary (``logit_bias`` names token ids of the model's tokenizer).
 
 Built by every lane that generates (realtime, jobs, batch shards) before it submits.
+A request is ``best_of`` sequences (``n`` when best_of is not set) sharing the prompt;
+the engine returns ``n`` choices of them (workers.generation).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, ChatBody, parse_generation
+from jobs.requests import CHAT, ChatBody, CompletionBody, parse_generation
 from workers.runtime.token_count import template_messages
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
@@ -25,6 +28,27 @@ class GenRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # Alternatives reported per token with its log probability (None: no logprobs).
+    logprobs: int | None = None
+    n: int = 1  # choices returned
+    best_of: int = 1  # sequences generated (>= n): the n of highest mean logprob return
+    echo: bool = False  # completions: the prompt before each choice's text
+    text: str = ""  # completions: the prompt's text (echoed; where text offsets start)
+
+    def processed(self) -> bool:
+        """Its scores are changed before sampling (penalties or bias)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+    def scored(self) -> bool:
+        """Each sampled token's log probability is needed (reported, or to rank)."""
+        return self.logprobs is not None or self.best_of > self.n
+
+    def fans(self) -> bool:
+        """More than the one plain sequence: choices, log probabilities or an echo."""
+        return self.best_of > 1 or self.logprobs is not None or self.echo
 
 
 def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenRequest:
@@ -45,6 +69,24 @@ def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenR
         raise InvalidRequest(f"max_tokens is {limit}, but the prompt leaves {room} tokens of the "
                              f"{model.context_length}-token context", param="max_tokens",
                              code="context_length_exceeded")
-    return GenRequest(prompt=prompt, max_new_tokens=limit or room,
-                      temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                      stop=req.stops())
+    bias = req.token_bias()
+    if bias and (bad := sorted(t for t in bias if t >= vocab_size(model))):
+        raise InvalidRequest(f"logit_bias: token {bad[0]} is not in this model's vocabulary "
+                             f"({vocab_size(model)} tokens: ids 0 to "
+                             f"{vocab_size(model) - 1})", param="logit_bias")
+    out = GenRequest(prompt=prompt, max_new_tokens=limit or room,
+                     temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                     stop=req.stops(), presence_penalty=req.presence_penalty,
+                     frequency_penalty=req.frequency_penalty, logit_bias=bias,
+                     logprobs=req.top_count(), n=req.n, best_of=req.n)
+    if isinstance(req, CompletionBody):
+        out.best_of, out.echo, out.text = req.candidates(), req.echo, str(req.prompt)
+    return out
+
+
+def vocab_size(model: ChatModel) -> int:
+    """The token ids the model's tokenizer has and the model scores."""
+    n = len(model.tokenizer)
+    cfg = getattr(getattr(model, "model", None), "config", None)
+    scored = getattr(cfg, "vocab_size", None)
+    return min(n, scored) if isinstance(scored, int) else n

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from jobs import asyncjobs, shapes, usage
+from jobs import asyncjobs, usage
 from jobs.context import Context
 from jobs.errors import InferqError
 from jobs.models import Job
 from jobs.outputs import dumps
-from jobs.requests import CHAT, EMBEDDINGS, EmbeddingsBody, parse_embeddings
+from jobs.requests import EMBEDDINGS, EmbeddingsBody, parse_embeddings
 from workers.embedding_engine import JOBS, RowFuture, seconds_of, when_all_done
 from workers.generation_request import build_request
-from workers.responses import embeddings_body, failure
+from workers.responses import embeddings_body, failure, generation_body, top_count
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.generation import Collect
@@ -166,11 +166,11 @@ class JobsConsumer(threading.Thread):
         if c.error is not None:
             self.record(job.id, None, failure(c.error)[1])
             return
-        build = shapes.chat_completion if job.endpoint == CHAT else shapes.text_completion
-        body = build(job.body["model"], c.text, c.reason, c.usage.prompt_tokens,
-                     c.usage.completion_tokens)
-        body["inferq"] = {"batch_rows": c.usage.batch_rows}
-        u = c.usage
+        u = c.usage  # every choice's tokens (best_of's included), the prompt once
+        body = generation_body(job.endpoint, job.body["model"], c.choices,
+                               top_count(job.endpoint, job.body), u.prompt_tokens,
+                               u.completion_tokens)
+        body["inferq"] = {"batch_rows": u.batch_rows}
         self.record(job.id, body, None,
                     self.bill(job, u.prompt_tokens, u.completion_tokens, u.accelerator_s))
 

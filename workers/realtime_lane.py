@@ -13,6 +13,13 @@ source is ``rt:<request id>`` and a realtime message is taken by one worker only
 (BRPOP), so a request is never counted twice; the write happens off the engine
 thread once the answer is sent, so the one loss is a worker killed within that
 write.
+
+A request of several choices or with log probabilities (``GenRequest.fans``) streams
+its choices' pieces as ``delta`` events that also carry the chunk's ``choices`` (each
+with its ``index`` and the ``logprobs`` of its tokens; a choice's end is one more such
+event), and its ``done`` event says ``chunked``; unstreamed, the ``done`` event carries
+the answer's ``choices`` whole (workers.responses). A ``delta`` event's ``text`` is
+there either way.
 """
 
 from __future__ import annotations
@@ -33,10 +40,18 @@ from jobs.context import Context
 from jobs.errors import InferqError, ModelNotLoaded
 from jobs.outputs import dumps
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
+from jobs.status import StreamEvent
 from workers import metrics
 from workers.embedding_engine import REALTIME, seconds_of, when_all_done
-from workers.generation_request import build_request
-from workers.responses import embeddings_body, failure
+from workers.generation_request import GenRequest, build_request
+from workers.responses import (
+    Choice,
+    TokenLogprob,
+    chunk_choice,
+    embeddings_body,
+    failure,
+    generation_choices,
+)
 from workers.streams import CancelListener, Publisher, PubSink
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
@@ -95,6 +110,16 @@ class MeteredSink(PubSink):
         self.model, self.enqueued_at = str(msg["body"].get("model", "")), _enqueued_at(msg)
         self.timer = metrics.StreamTimer(usage.REALTIME, self.model, self.enqueued_at,
                                          time.time)
+        self.kind = str(msg.get("kind"))
+        self.streamed = bool(msg["body"].get("stream"))
+        self.top: int | None = None  # alternatives per token (set by ``shape``)
+        self.choices: list[Choice] | None = None  # a request that fans out: its choices
+
+    def shape(self, req: GenRequest) -> None:
+        """The request it answers, once built: whether (and how) it fans out."""
+        self.top = req.logprobs
+        if req.fans():
+            self.choices = [Choice(i) for i in range(req.n)]
 
     def start(self) -> None:
         """Admitted to the engine: the end of its queue time."""
@@ -106,8 +131,41 @@ class MeteredSink(PubSink):
         self.timer.delta()
         super().delta(text)
 
+    def piece(self, index: int, text: str, tokens: list[TokenLogprob] | None) -> None:
+        """Part of a choice: one delta event (its chunk's choice when streamed)."""
+        self.timer.delta()
+        assert self.choices is not None
+        c = self.choices[index]
+        first = not c.parts
+        c.add(text, tokens)
+        ev: dict[str, Any] = {"t": StreamEvent.DELTA, "text": text, "index": index}
+        if self.streamed:
+            ev["choices"] = [chunk_choice(self.kind, index, text, tokens, self.top,
+                                          role=first and index > 0)]
+        self._send(ev)
+
+    def choice_end(self, index: int, reason: str) -> None:
+        assert self.choices is not None
+        c = self.choices[index]
+        c.reason = reason
+        if self.streamed:
+            self._send({"t": StreamEvent.DELTA, "text": "", "index": index, "choices": [
+                chunk_choice(self.kind, index, "", None, self.top, finish=reason,
+                             role=not c.parts and index > 0)]})
+
     def finish(self, reason: FinishReason, u: Usage) -> None:
-        super().finish(reason, u)
+        if self.choices is None:
+            super().finish(reason, u)
+        else:  # the answer's choices, or (streamed) that they were sent as chunks
+            ev: dict[str, Any] = {"t": StreamEvent.DONE, "finish_reason": reason,
+                                  "prompt_tokens": u.prompt_tokens,
+                                  "completion_tokens": u.completion_tokens,
+                                  "batch_rows": u.batch_rows}
+            if self.streamed:
+                ev["chunked"] = True
+            else:
+                ev["choices"] = generation_choices(self.kind, self.choices, self.top)
+            self._send(ev)
         metrics.observe_request(usage.REALTIME, self.model, str(self.msg["kind"]), "ok",
                                 u.accelerator_s)
         self._bill(u)
@@ -147,6 +205,11 @@ class ServicedSink(MeteredSink):
         if self.t_first is None:
             self.t_first = time.perf_counter()
         super().delta(text)
+
+    def piece(self, index: int, text: str, tokens: list[TokenLogprob] | None) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        super().piece(index, text, tokens)
 
     def finish(self, reason: FinishReason, u: Usage) -> None:
         super().finish(reason, u)
@@ -212,12 +275,22 @@ class TracedSink:
         self.step = tracing.child(self.span, "engine prefill")
 
     def delta(self, text: str) -> None:
+        self._first()
+        self.inner.delta(text)
+
+    def piece(self, index: int, text: str, tokens: list[TokenLogprob] | None) -> None:
+        self._first()
+        self.inner.piece(index, text, tokens)
+
+    def choice_end(self, index: int, reason: str) -> None:
+        self.inner.choice_end(index, reason)
+
+    def _first(self) -> None:
         if self.first:
             self.first = False
             self.span.add_event("first_token")
             tracing.end(self.step)
             self.step = tracing.child(self.span, "engine decode")
-        self.inner.delta(text)
 
     def finish(self, reason: FinishReason, u: Usage) -> None:
         self.inner.finish(reason, u)
@@ -409,6 +482,7 @@ class RealtimeConsumer(threading.Thread):
             sink.error(e.status, e.to_dict())
             tracing.end(span, error=e)
             return
+        sink.shape(req)
         if isinstance(sink, ServicedSink):
             sink.servers = gen.max_rows  # each running sequence holds a row
         gen.submit(req, sink if span is None else TracedSink(sink, span), REALTIME)

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from jobs import outputs, shapes
+from jobs import outputs
 from jobs.errors import InferqError
 from jobs.outputs import Tokens
-from jobs.requests import CHAT, parse_embeddings
+from jobs.requests import parse_embeddings
 from workers.embedding_engine import seconds_of
 from workers.generation_request import build_request
-from workers.responses import embeddings_body, failure
+from workers.responses import embeddings_body, failure, generation_body, top_count
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.generation import GenerationEngine
@@ -136,7 +136,6 @@ class GenerationRunner:
 
     def collect(self, chunk: Chunk) -> Lines:
         ok, err, tokens, seconds = [], [], Tokens(), 0.0
-        build = shapes.chat_completion if self.endpoint == CHAT else shapes.text_completion
         for custom_id, body, sink, _ in chunk.requests:
             if isinstance(body, InferqError):
                 err.append(_refused(custom_id, body))
@@ -146,9 +145,10 @@ class GenerationRunner:
             except Exception as e:  # noqa: BLE001
                 err.append(_failed(chunk, custom_id, e))
                 continue
-            u = c.usage
-            ok.append(outputs.ok_line(custom_id, build(body["model"], c.text, c.reason,
-                                                       u.prompt_tokens, u.completion_tokens)))
+            u = c.usage  # every choice's tokens (best_of's included), the prompt once
+            ok.append(outputs.ok_line(custom_id, generation_body(
+                self.endpoint, body["model"], c.choices, top_count(self.endpoint, body),
+                u.prompt_tokens, u.completion_tokens)))
             tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
             seconds += u.accelerator_s
         chunk.seconds = seconds

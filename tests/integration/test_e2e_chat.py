@@ -82,7 +82,7 @@ def test_seeded_sampling_is_reproducible(sdk) -> None:  # type: ignore[no-untype
     ({"model": MODEL, "messages": FRANCE, "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "messages": FRANCE, "max_tokens": 100_000}, "max_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}]}, "messages"),
-    ({"model": MODEL, "messages": FRANCE, "n": 2}, "n"),
+    ({"model": MODEL, "messages": FRANCE, "n": 129}, "n"),
     ({"model": MODEL, "messages": FRANCE, "temperature": 5}, "temperature"),
 ])
 def test_bad_generation_requests(stack, tenant_key, body: dict[str, Any], param: str,

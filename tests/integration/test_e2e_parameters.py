@@ -37,16 +37,16 @@ def refused(call: Callable[[], Any], param: str, code: str = "unsupported_parame
 
 def test_chat_completions_refuse_what_they_do_not_implement(fsdk) -> None:  # type: ignore[no-untyped-def]
     chat = fsdk.chat.completions.create
-    message = refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, logprobs=True), "logprobs")
-    assert "log probabilities are not implemented" in message
+    message = refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, store=True), "store")
+    assert "completions are not stored" in message
     refused(lambda: chat(model=CHAT_MODEL, messages=MSGS,
                          response_format={"type": "json_object"}), "response_format")
     refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, tools=[
         {"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")
-    refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, presence_penalty=0.5),
-            "presence_penalty")
-    refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, stream=True, top_logprobs=2),
-            "top_logprobs")  # a stream is refused before it starts
+    refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, metadata={"k": "v"}), "metadata")
+    refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, stream=True,
+                         audio={"voice": "alloy", "format": "mp3"}),
+            "audio")  # a stream is refused before it starts
     refused(lambda: chat(model=CHAT_MODEL, messages=[
         {"role": "user", "content": [{"type": "image_url",
                                       "image_url": {"url": "https://x.invalid/a.png"}}]}]),
@@ -59,10 +59,7 @@ def test_chat_completions_refuse_what_they_do_not_implement(fsdk) -> None:  # ty
 
 def test_completions_and_embeddings_refuse_them_too(fsdk) -> None:  # type: ignore[no-untyped-def]
     complete = fsdk.completions.create
-    refused(lambda: complete(model=CHAT_MODEL, prompt="Once", echo=True), "echo")
     refused(lambda: complete(model=CHAT_MODEL, prompt="Once", suffix="."), "suffix")
-    refused(lambda: complete(model=CHAT_MODEL, prompt="Once", best_of=2), "best_of")
-    refused(lambda: complete(model=CHAT_MODEL, prompt="Once", logprobs=1), "logprobs")
     refused(lambda: complete(model=CHAT_MODEL, prompt="Once",
                              extra_body={"max_completion_tokens": 4}),
             "max_completion_tokens", "unknown_parameter")
@@ -77,9 +74,9 @@ def test_jobs_refuse_them_in_their_body(fsdk) -> None:  # type: ignore[no-untype
                                  body={"endpoint": endpoint, "body": body})
 
     refused(job("/v1/chat/completions", {"model": CHAT_MODEL, "messages": MSGS,
-                                         "frequency_penalty": 1.5}), "frequency_penalty")
-    refused(job("/v1/completions", {"model": CHAT_MODEL, "prompt": "Once", "echo": True}),
-            "echo")
+                                         "store": True}), "store")
+    refused(job("/v1/completions", {"model": CHAT_MODEL, "prompt": "Once", "suffix": "!"}),
+            "suffix")
     refused(job("/v1/embeddings", {"model": EMB_MODEL, "input": "hi", "truncate": True}),
             "truncate", "unknown_parameter")
     # at the value that does nothing it is taken (the job is stored; no worker needed)
@@ -93,7 +90,7 @@ def test_a_batch_refuses_defaults_it_could_not_take(fsdk) -> None:  # type: igno
     f = upload(fsdk, jsonl([emb_line(0, "x")]))
     refused(lambda: fsdk.batches.create(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-        extra_body={"body": {"model": CHAT_MODEL, "logprobs": True}}), "body.logprobs")
+        extra_body={"body": {"model": CHAT_MODEL, "store": True}}), "body.store")
     refused(lambda: fsdk.batches.create(
         input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h",
         extra_body={"body": {"model": EMB_MODEL, "temperature": 0}}), "body.temperature",
@@ -137,10 +134,10 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
                 "body": {"model": CHAT_MODEL, "messages": MSGS, **params}}
 
     rows = [chat("json", response_format={"type": "json_object"}),
-            chat("logprobs", logprobs=True, top_logprobs=3),
+            chat("store", store=True),
             chat("tools", tools=[{"type": "function", "function": {"name": "f"}}],
                  tool_choice="auto"),
-            chat("penalty", frequency_penalty=0.3)]
+            chat("metadata", metadata={"k": "v"})]
     b = wait(fsdk, fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                                        endpoint="/v1/chat/completions",
                                        completion_window="24h").id)
@@ -149,6 +146,6 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
     errs = {x["custom_id"]: x["response"]["body"]["error"] for x in lines(fsdk, b.error_file_id)}
     assert {k: (e["param"], e["code"]) for k, e in errs.items()} == {
         "json": ("response_format", "unsupported_parameter"),
-        "logprobs": ("logprobs", "unsupported_parameter"),
+        "store": ("store", "unsupported_parameter"),
         "tools": ("tools", "unsupported_parameter"),
-        "penalty": ("frequency_penalty", "unsupported_parameter")}
+        "metadata": ("metadata", "unsupported_parameter")}

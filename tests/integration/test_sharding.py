@@ -575,9 +575,9 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
                 "body": {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}],
                          **params}}
 
-    rows = [gen("json", response_format={"type": "json_object"}), gen("logprobs", logprobs=True),
+    rows = [gen("json", response_format={"type": "json_object"}), gen("store", store=True),
             gen("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
-            gen("typo", temprature=0.5), gen("penalty", presence_penalty=0.5),
+            gen("typo", temprature=0.5), gen("tier", service_tier="flex"),
             gen("ok", max_tokens=4, presence_penalty=0, logprobs=False, store=False, n=1)]
     rows.append(gen("tool-msg"))
     rows[-1]["body"]["messages"].append({"role": "tool", "content": "4", "tool_call_id": "c"})
@@ -587,16 +587,16 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
     assert {k: (r["status_code"], r["body"]["error"]["param"], r["body"]["error"]["code"])
             for k, r in errs.items()} == {
         "json": (400, "response_format", "unsupported_parameter"),
-        "logprobs": (400, "logprobs", "unsupported_parameter"),
+        "store": (400, "store", "unsupported_parameter"),
         "tools": (400, "tools", "unsupported_parameter"),
         "typo": (400, "temprature", "unknown_parameter"),
-        "penalty": (400, "presence_penalty", "unsupported_parameter"),
+        "tier": (400, "service_tier", "unsupported_parameter"),
         "tool-msg": (400, "messages.1.role", "unsupported_parameter")}
-    assert errs["logprobs"]["body"]["error"]["message"].startswith("logprobs: unsupported")
+    assert errs["store"]["body"]["error"]["message"].startswith("store: unsupported")
     (rows_,) = shard_rows_of(ctx, batch_id)
     assert [r["custom_id"] for r in rows_] == ["ok"]
     assert json.loads(rows_[0]["body"]) == {"model": CHAT_MODEL, "max_tokens": 4, "messages": [
-        {"role": "user", "content": "hi"}]}
+        {"role": "user", "content": "hi"}], "presence_penalty": 0, "logprobs": False, "n": 1}
 
     emb = [line("dims", "x"), line("extra", "x"), line("ok", "x")]
     emb[0]["body"]["dimensions"] = 8

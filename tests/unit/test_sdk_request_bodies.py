@@ -86,8 +86,13 @@ def test_the_sdks_bodies_pass_the_strict_models(name: str) -> None:
     assert req.temperature == body.get("temperature", 1.0)
     if name == "chat":
         assert (req.max_tokens, req.seed, req.stops()) == (16, 7, ["\n"])
-        # parameters sent at the value that does nothing are taken, and left out
+        # parameters sent at the value that does nothing are taken, and left out (those
+        # implemented are read at it: n 1, no penalties, no bias, no log probabilities)
         assert req.model_fields_set == {"model", "messages", "temperature", "top_p",
-                                        "max_tokens", "seed", "stop", "user"}
+                                        "max_tokens", "seed", "stop", "user", "n",
+                                        "frequency_penalty", "presence_penalty",
+                                        "logit_bias", "logprobs"}
+        assert (req.n, req.frequency_penalty, req.presence_penalty, req.token_bias(),
+                req.top_count()) == (1, 0.0, 0.0, {}, None)
     if name == "chat-stream":
         assert req.include_usage() and req.token_limit() == 8
