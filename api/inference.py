@@ -160,8 +160,11 @@ def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
     limits.settle(ctx, grant, done["prompt_tokens"] + done["completion_tokens"])
     answered("".join(parts))
     build = chat_completion if endpoint == CHAT else text_completion
-    return build(req.model, "".join(parts), done["finish_reason"], done["prompt_tokens"],
-                 done["completion_tokens"]), 200, version_header(route.version)
+    body = build(req.model, "".join(parts), done["finish_reason"], done["prompt_tokens"],
+                 done["completion_tokens"])
+    if "choices" in done:  # several choices or log probabilities: as the worker built them
+        body["choices"] = done["choices"]
+    return body, 200, version_header(route.version)
 
 
 def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
@@ -181,11 +184,15 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
                 yield b": keep-alive\n\n"
             elif ev["t"] == StreamEvent.DELTA:
                 parts.append(ev["text"])
-                yield _event(w.delta(ev["text"]))
+                # a request of several choices or with log probabilities: the chunk's
+                # choices as the worker built them (index, logprobs, a choice's end)
+                yield _event(w.choices(ev["choices"]) if "choices" in ev else
+                             w.delta(ev["text"]))
             elif ev["t"] == StreamEvent.DONE:
                 limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
                 answered("".join(parts))
-                yield _event(w.finish(ev["finish_reason"]))
+                if not ev.get("chunked"):  # else each choice's end was its own chunk
+                    yield _event(w.finish(ev["finish_reason"]))
                 if req.include_usage():
                     yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))
             elif ev["t"] == StreamEvent.ERROR:

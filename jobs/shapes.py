@@ -73,6 +73,10 @@ class ChunkWriter:
     def delta(self, text: str) -> dict[str, Any]:
         return self._chunk([self._choice(text, None)])
 
+    def choices(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chunk of choices the worker built (several choices, log probabilities)."""
+        return self._chunk(choices)
+
     def finish(self, reason: str) -> dict[str, Any]:
         return self._chunk([self._choice(None if self.chat else "", reason)])
 
