@@ -20,9 +20,13 @@ from jobs.requests import (
     COMPLETIONS,
     ChatBody,
     CompletionBody,
+    ResponsesBody,
+    chat_body,
     parse_embeddings,
     parse_generation,
+    parse_responses,
 )
+from jobs.response_shapes import EventWriter, response_body
 from jobs.shapes import ChunkWriter, chat_completion, text_completion
 from jobs.status import StreamEvent
 
@@ -210,3 +214,124 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+
+
+# /v1/responses: the Responses API, run as a chat request ---------------------------------
+
+
+@bp.post("/responses")
+def responses() -> Any:
+    """Create a model response (the Responses API).
+
+    Run as the chat request it amounts to (jobs.requests.chat_body) on the realtime
+    lane, with the chat path's limits, admission, usage and tracing; answered as a
+    Response object, or with ``stream: true`` as the Responses API's events."""
+    ctx = context()
+    req = parse_responses(json_body(), catalog.cached(ctx))
+    if not req.stream:
+        return _respond(ctx, req, None)
+    give_back = streams.take(g.tenant_id)  # 429 past the project's open streams here
+    try:
+        return _respond(ctx, req, give_back)
+    except BaseException:
+        give_back()
+        raise
+
+
+def _respond(ctx: Any, req: ResponsesBody, give_back: Callable[[], None] | None) -> Any:
+    st = ctx.settings
+    body = chat_body(req)
+    grant = admit(req.model, limits.request_tokens(CHAT, body,
+                                                   st.rate_limit_default_max_tokens),
+                  stream=req.stream)
+    try:
+        ticket = admission.admit(ctx, req.model)  # after the project's limits
+    except Exception:
+        limits.settle(ctx, grant, 0)
+        limits.release_stream(ctx, grant)
+        raise
+    route = rollout.route(ctx, req.model)  # a canary takes its share
+    t0 = time.perf_counter()
+    stream = TokenStream(ctx.redis, CHAT, body,
+                         first_event_s=st.first_token_timeout_s, idle_s=st.no_progress_timeout_s,
+                         tenant_id=g.tenant_id, api_key_id=g.api_key_id,
+                         version=route.version, place=placer(ctx))
+
+    def answered(text: str) -> None:  # mirrored once the client's answer is complete
+        if route.shadows and route.version:
+            shadow.record(ctx.redis, req.model, route.version, "primary",
+                          time.perf_counter() - t0)
+            shadow.mirror_generation(ctx, CHAT, body, text, route.shadows)
+
+    try:
+        stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
+    except Exception:
+        limits.settle(ctx, grant, 0)  # nothing ran: its tokens and its stream slot go back
+        limits.release_stream(ctx, grant)
+        ticket.release()
+        raise
+    if req.stream:
+        resp = Response(stream_with_context(_response_events(stream, req, grant, answered)),
+                        mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                 **version_header(route.version)})
+        resp.call_on_close(lambda: limits.release_stream(ctx, grant))  # also if never read
+        resp.call_on_close(ticket.release)
+        if give_back is not None:
+            resp.call_on_close(give_back)
+        return resp
+    try:
+        parts, done = [], None
+        for ev in stream.events():
+            if ev is None:
+                continue
+            if ev["t"] == StreamEvent.DELTA:
+                parts.append(ev["text"])
+            elif ev["t"] == StreamEvent.DONE:
+                done = ev
+            elif ev["t"] == StreamEvent.ERROR:
+                raise error_from_event(ev)
+    finally:
+        stream.close()
+        ticket.release()
+    assert done is not None
+    limits.settle(ctx, grant, done["prompt_tokens"] + done["completion_tokens"])
+    answered("".join(parts))
+    return response_body(req, "".join(parts), done["finish_reason"], done["prompt_tokens"],
+                         done["completion_tokens"]), 200, version_header(route.version)
+
+
+def _response_events(stream: TokenStream, req: ResponsesBody, grant: limits.Grant,
+                     answered: Callable[[str], None]) -> Iterator[bytes]:
+    """The Responses API's events (jobs.response_shapes.EventWriter) as Server-Sent
+    Events with their names. Headers are out: from here on a failure is an ``error``
+    event, and the stream ends. The stream's slot is renewed while it runs and given
+    back when it ends, however."""
+    ctx = context()
+    w = EventWriter(req)
+    try:
+        for named in w.start():
+            yield _named_event(named)
+        for ev in stream.events():
+            limits.renew_stream(ctx, grant)
+            if ev is None:
+                yield b": keep-alive\n\n"
+            elif ev["t"] == StreamEvent.DELTA:
+                yield _named_event(w.delta(ev["text"]))
+            elif ev["t"] == StreamEvent.DONE:
+                limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
+                answered(w.text())
+                for named in w.finish(ev["finish_reason"], ev["prompt_tokens"],
+                                      ev["completion_tokens"]):
+                    yield _named_event(named)
+            elif ev["t"] == StreamEvent.ERROR:
+                yield _named_event(w.error(error_from_event(ev).to_dict()))
+    except InferqError as e:
+        yield _named_event(w.error(e.to_dict()))
+    finally:
+        stream.close()  # a client that went away cancels its sequence at the next step
+        limits.release_stream(ctx, grant)
+
+
+def _named_event(named: tuple[str, dict[str, Any]]) -> bytes:
+    return b"event: " + named[0].encode() + b"\ndata: " + orjson.dumps(named[1]) + b"\n\n"

@@ -65,7 +65,8 @@ UNMATCHED = "<unmatched>"  # the route of a request that no URL rule serves
 
 # The lane a route's work runs on.
 LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime",
-                 "/v1/completions": "realtime", "/v1/jobs": "jobs", "/v1/batches": "batch"}
+                 "/v1/completions": "realtime", "/v1/responses": "realtime",
+                 "/v1/jobs": "jobs", "/v1/batches": "batch"}
 
 
 class QueueDepthCollector(Collector):

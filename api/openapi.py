@@ -24,7 +24,7 @@ from api import admin, fleet
 from api import schemas as s
 from jobs import partial, tenants, usage
 from jobs.asyncjobs import JobCreate
-from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody
+from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody, ResponsesBody
 from jobs.webhooks import EndpointCreate, EndpointUpdate, RotateSecret, TestSend
 
 bp = Blueprint("openapi", __name__, template_folder="templates")
@@ -33,6 +33,7 @@ bp = Blueprint("openapi", __name__, template_folder="templates")
 BODIES: dict[str, type[BaseModel]] = {
     "batches.create": BatchCreate, "inference.embeddings": EmbeddingsBody,
     "inference.chat_completions": ChatBody, "inference.completions": CompletionBody,
+    "inference.responses": ResponsesBody,
     "jobs.create": JobCreate, "webhooks.create": EndpointCreate,
     "webhooks.update": EndpointUpdate, "webhooks.rotate_secret": RotateSecret,
     "webhooks.test": TestSend, "webhooks.rotate_callback_secret": RotateSecret,
@@ -53,6 +54,7 @@ OK: dict[str, type[BaseModel]] = {
     "batches.retrieve": s.BatchObject, "batches.cancel": s.BatchObject,
     "inference.embeddings": s.EmbeddingsResponse,
     "inference.chat_completions": s.ChatCompletion, "inference.completions": s.Completion,
+    "inference.responses": s.ResponseObject,
     "jobs.create": s.JobObject, "jobs.retrieve": s.JobObject,
     "models.list_": s.ModelList, "models.retrieve": s.ModelObject,
     "webhooks.create": s.WebhookEndpointWithSecret,
@@ -94,13 +96,15 @@ MEDIA: dict[str, dict[str, Any]] = {
     "health.metrics": {"text/plain": TEXT},
     "openapi.openapi": {"application/json": {"type": "object"}},
     "openapi.docs": {"text/html": TEXT}}
-STREAMS = {"inference.chat_completions", "inference.completions"}  # stream: true → SSE
+STREAMS = {"inference.chat_completions", "inference.completions",  # stream: true → SSE
+           "inference.responses"}
 HEADERS = {  # the 200 answer's headers
     "batches.output": ("inferq-next-cursor", "inferq-batch-status", "inferq-chunks",
                        "inferq-complete"),
     **{v: ("inferq-model-version",) for v in ("inference.embeddings",
                                               "inference.chat_completions",
-                                              "inference.completions")}}
+                                              "inference.completions",
+                                              "inference.responses")}}
 
 AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "webhooks"}
 ADMINISTERED = {"admin", "usage", "fleet"}
@@ -109,7 +113,8 @@ NO_BACKEND = {"openapi.openapi", "openapi.docs"}  # everything else may answer 5
 ERRORS: dict[str, set[int]] = {
     "batches.create": {404}, "batches.cancel": {409},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
-    "inference.completions": {413, 429, 504}, "jobs.create": {429},
+    "inference.completions": {413, 429, 504}, "inference.responses": {413, 429, 504},
+    "jobs.create": {429},
     "webhooks.callback_secret": {404}, "health.metrics": {401, 403},
     "admin.create_project": {409}, "admin.update_project": {409},
     "admin.archive_project": {409}, "admin.create_service_account": {409},

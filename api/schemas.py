@@ -392,6 +392,89 @@ class Completion(Out):
     system_fingerprint: str | None
 
 
+class ResponseInputTokens(Out):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class ResponseUsage(Out):
+    input_tokens: int
+    input_tokens_details: ResponseInputTokens
+    output_tokens: int
+    output_tokens_details: ReasoningTokens
+    total_tokens: int
+
+
+class OutputText(Out):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict[str, Any]]
+    logprobs: list[dict[str, Any]]
+
+
+class OutputMessage(Out):
+    id: str
+    type: Literal["message"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class IncompleteDetails(Out):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseReasoning(Out):
+    effort: None
+    summary: None
+
+
+class ResponseTextFormat(Out):
+    type: Literal["text"]
+
+
+class ResponseText(Out):
+    format: ResponseTextFormat
+    verbosity: None
+
+
+class ResponseObject(Out):
+    """A Response (/v1/responses; jobs.response_shapes)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    background: bool
+    completed_at: int | None
+    error: None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: None
+    metadata: dict[str, str]
+    model: str
+    output: list[OutputMessage]
+    parallel_tool_calls: bool
+    previous_response_id: None
+    prompt: None
+    prompt_cache_key: None
+    prompt_cache_retention: None
+    reasoning: ResponseReasoning
+    safety_identifier: None
+    service_tier: Literal["default"]
+    store: bool
+    temperature: float
+    text: ResponseText
+    tool_choice: Literal["none"]
+    tools: list[dict[str, Any]]
+    top_logprobs: int
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None
+    user: str | None
+
+
 class WebhookEndpoint(Out):
     id: str
     object: Literal["webhook_endpoint"]

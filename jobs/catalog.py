@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from jobs import registry
 from jobs.context import Context
 from jobs.errors import InvalidRequest, shown
-from jobs.requests import COMPLETIONS, EMBEDDINGS
+from jobs.requests import COMPLETIONS, EMBEDDINGS, RESPONSES
 
 TTL_S = 5.0
 
@@ -34,6 +34,8 @@ def kinds_for(endpoint: str) -> tuple[str, ...]:
         return (registry.EMBEDDINGS_KIND,)
     if endpoint == COMPLETIONS:
         return (registry.CHAT_KIND, registry.COMPLETIONS_KIND)
+    if endpoint == RESPONSES:  # run as a chat request: a chat model's
+        return (registry.CHAT_KIND,)
     return (registry.CHAT_KIND,)
 
 

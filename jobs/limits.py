@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 from jobs.context import Context
 from jobs.errors import InferqError, Unavailable
 from jobs.models import Batch, RateLimit, Tenant, new_id
-from jobs.requests import CHAT, EMBEDDINGS
+from jobs.requests import CHAT, EMBEDDINGS, as_chat
 
 log = logging.getLogger("inferq.limits")
 
@@ -151,6 +151,7 @@ def embedding_tokens(inputs: Iterable[str | list[int]]) -> int:
 
 def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """An upper bound of the prompt tokens of a validated request body."""
+    endpoint, body = as_chat(endpoint, body)  # a Responses body: its chat request's
     if endpoint == EMBEDDINGS:
         v = body.get("input")
         if isinstance(v, str):
@@ -170,6 +171,7 @@ def request_tokens(endpoint: str, body: dict[str, Any], default_max_tokens: int)
     """What a request reserves in its tokens-per-minute window: its prompt's upper
     bound plus, for generation, ``max_completion_tokens``/``max_tokens`` (or
     ``default_max_tokens`` when it names none)."""
+    endpoint, body = as_chat(endpoint, body)  # a Responses body: its chat request's
     tokens = prompt_tokens(endpoint, body)
     if endpoint != EMBEDDINGS:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"  # run as a chat request (see Responses below)
 ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS)
 
 # Which models exist and what they serve: the registry (jobs.catalog). A model's output
@@ -575,6 +576,8 @@ def supported(endpoint: str, body: Any, prefix: str = "") -> Any:
     that is no object is left for the model to refuse."""
     if not isinstance(body, dict):
         return body
+    if endpoint == RESPONSES:
+        return _responses_supported(body, prefix)
     fields = BODIES[endpoint].model_fields
     out = _judged(body, PARAMETERS[endpoint], prefix, endpoint,
                   keep_null={k for k, f in fields.items() if f.is_required()})
@@ -692,3 +695,267 @@ def parameter_table() -> str:
         lines += [row(f"`{obj}`", f"`{name}`", p.status, accepted(p), p.note)
                   for name, p in table.items()]
     return "\n".join(lines) + "\n"
+
+
+# Responses (/v1/responses) ------------------------------------------------------------------
+#
+# A Responses request is a chat request with other names: ``instructions`` is a system
+# message first, ``input`` a string is one user message, and input message items (an
+# earlier answer's output message included) are messages, their text parts joined. It
+# is validated here as itself (every parameter of the SDK's responses.create in the
+# table below) and runs as the chat body ``chat_body`` makes of it, on the chat path:
+# the same lane, limits, admission, usage and tracing. Its answer is the Response object
+# built from the chat answer (jobs.response_shapes).
+
+MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+class InputPart(BaseModel):
+    """A text part of an input message: ``input_text``, or an earlier answer's
+    ``output_text``."""
+
+    model_config = BODY
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class InputItem(BaseModel):
+    """A message item of ``input``: an easy input message, an input message or an
+    earlier output message (their fields; ``id`` and ``status`` are checked, else
+    unused)."""
+
+    model_config = BODY
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[InputPart]
+    id: Name | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        c = self.content
+        return c if isinstance(c, str) else "".join(p.text for p in c)
+
+
+class TextConfig(BaseModel):
+    """``text``: its ``format`` is taken only as ``{"type": "text"}`` (TEXT_CONFIG)."""
+
+    model_config = BODY
+
+
+class ResponseStreamOptions(BaseModel):
+    model_config = BODY
+
+
+class ResponsesBody(BaseModel):
+    model_config = BODY
+
+    model: Name
+    input: Text | list[InputItem]
+    instructions: Text | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, lt=2**31)
+    metadata: dict[str, str] | None = None
+    stream: bool = False
+    stream_options: ResponseStreamOptions | None = None
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    text: TextConfig | None = None
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    user: Name | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: Any) -> Any:
+        if not v:
+            raise ValueError("input: expected a non-empty string or a non-empty list of "
+                             "message items")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_METADATA:
+            raise ValueError(f"metadata: at most {MAX_METADATA} key-value pairs")
+        if any(len(k) > MAX_METADATA_KEY for k in v):
+            raise ValueError(f"metadata: keys are at most {MAX_METADATA_KEY} characters")
+        if any(len(x) > MAX_METADATA_VALUE for x in v.values()):
+            raise ValueError(f"metadata: values are at most {MAX_METADATA_VALUE} "
+                             "characters")
+        return v
+
+
+def parse_responses(body: Any, models: Catalog | None = None) -> ResponsesBody:
+    """Validate a Responses body (everything that needs no tokenizer); ``models`` as for
+    parse_embeddings."""
+    req: ResponsesBody = parse_model(ResponsesBody, supported(RESPONSES, body))
+    if models is not None:
+        models.require(req.model, RESPONSES)
+    return req
+
+
+def chat_body(req: ResponsesBody) -> dict[str, Any]:
+    """The chat completions body a Responses request runs as (a valid ChatBody)."""
+    messages: list[dict[str, Any]] = []
+    if req.instructions is not None:
+        messages.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        messages.append({"role": "user", "content": req.input})
+    else:
+        messages += [{"role": m.role, "content": m.text()} for m in req.input]
+    body: dict[str, Any] = {"model": req.model, "messages": messages,
+                            "temperature": req.temperature, "top_p": req.top_p}
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    if req.user is not None:
+        body["user"] = req.user
+    return body
+
+
+def as_chat(endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The endpoint and body a valid request runs as: a Responses body's chat body, on
+    /v1/chat/completions; any other request as it is."""
+    if endpoint == RESPONSES:
+        return CHAT, chat_body(parse_model(ResponsesBody, body))
+    return endpoint, body
+
+
+STORE = ("responses are not stored (inferq keeps nothing it could return later): store "
+         "absent is false here, where OpenAI's default is true")
+NO_LOGPROBS = "/v1/responses returns no log probabilities"
+NOT_STORED = ("responses are not stored: send the earlier turns in `input` (an answer's "
+              "output message is an input item)")
+PARAMETERS[RESPONSES] = {
+    "access_programs": _refused("OpenAI's access programs do not exist here"),
+    "background": _only("background responses are not implemented", False),
+    "background_options": _refused("background responses are not implemented"),
+    "context_management": _refused("context management (compaction) is not implemented"),
+    "conversation": _refused("conversations are not stored"),
+    "image": _refused("image input is not implemented"),
+    "include": _only("nothing more can be included: no log probabilities, reasoning or tool "
+                     "outputs", []),
+    "input": _impl("a string (one user message), or message items (see `input[]` below)"),
+    "instructions": _impl("a system message before the input"),
+    "max_output_tokens": _impl(MAX_TOKENS + "; reached: `status: incomplete`"),
+    "max_tool_calls": _refused(TOOLS),
+    "metadata": _impl("at most 16 pairs (keys up to 64, values up to 512 characters); "
+                      "echoed in the response object"),
+    "model": _impl("a registered chat model (`GET /v1/models`)"),
+    "moderation": _refused("moderation is not implemented"),
+    "parallel_tool_calls": _only(TOOLS, True),
+    "previous_response_id": _refused(NOT_STORED),
+    "prompt": _refused("stored prompt templates are not implemented"),
+    "prompt_cache_key": _refused(PROMPT_CACHE),
+    "prompt_cache_options": _refused(PROMPT_CACHE),
+    "prompt_cache_retention": _refused(PROMPT_CACHE),
+    "reasoning": _refused("the served models do not reason"),
+    "safety_identifier": _refused("inferq does no abuse monitoring by end user"),
+    "service_tier": _only("a realtime request runs in the default tier (flex is a batch "
+                          "option)", "auto", "default"),
+    "store": _only(STORE, False),
+    "stream": _impl("server-sent events of the Responses API (see Responses)"),
+    "stream_options": _impl("see `stream_options (responses.create)` below"),
+    "temperature": SHARED["temperature"],
+    "text": _impl("see `text` below: plain text only"),
+    "tool_choice": _only(TOOLS, "none"),
+    "tools": _refused(TOOLS),
+    "top_logprobs": _refused(NO_LOGPROBS),
+    "top_p": SHARED["top_p"],
+    "truncation": _only("input is never truncated: a prompt over the context is 400 "
+                        "`context_length_exceeded`", "disabled"),
+    "user": SHARED["user"],
+}
+# The fields of an input message item, by role: the SDK's easy input message, input
+# message and (for assistant) output message types together.
+INPUT_ITEM_FIELDS: dict[str, Param] = {
+    "type": _impl("`message` (the default); other item types (tool calls and their outputs, "
+                  "reasoning, item references) are refused"),
+    "role": _impl("`system`, `developer` (read as `system`), `user`, `assistant`"),
+    "content": _impl("a string, or text parts (joined; see `input[].content[]`)"),
+    "id": _impl("an earlier output message's: checked (at most 256 characters), else unused"),
+    "status": _impl("an earlier output message's: checked, else unused"),
+    "phase": _refused("phases are not implemented: the served models write final answers "
+                      "only"),
+}
+ITEM_ROLE_FIELDS: dict[str, tuple[str, ...]] = {
+    **{role: ("content", "role", "phase", "status", "type")
+       for role in ("system", "developer", "user")},
+    "assistant": ("id", "content", "role", "status", "type", "phase"),
+}
+INPUT_PART_FIELDS: dict[str, Param] = {
+    "text": _impl("the text"),
+    "type": _impl("`input_text`, or `output_text` (an earlier answer's); other part types "
+                  "(`input_image`, `input_file`, `refusal`) are refused: the models read "
+                  "text only"),
+    "annotations": _only("annotations are not implemented", []),
+    "logprobs": _only(NO_LOGPROBS, []),
+    "prompt_cache_breakpoint": _refused(PROMPT_CACHE),
+}
+PART_TYPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "input_text": ("text", "type", "prompt_cache_breakpoint"),
+    "output_text": ("annotations", "text", "type", "logprobs"),
+}
+TEXT_CONFIG: dict[str, Param] = {
+    "format": _only("structured outputs (`json_schema`) and JSON mode (`json_object`) are "
+                    "not implemented", {"type": "text"}),
+    "verbosity": _refused("verbosity control is not implemented"),
+}
+RESPONSE_STREAM_OPTIONS: dict[str, Param] = {
+    "include_obfuscation": _only("stream events are not obfuscated", False),
+}
+BODIES[RESPONSES] = ResponsesBody
+METHODS[RESPONSES] = "responses.create"
+NESTED.update({"input[]": INPUT_ITEM_FIELDS, "input[].content[]": INPUT_PART_FIELDS,
+               "text": TEXT_CONFIG, "stream_options (responses.create)": RESPONSE_STREAM_OPTIONS})
+
+
+def _responses_supported(body: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``supported`` for a Responses body: the table above, the input items and their
+    parts, ``text`` and ``stream_options``."""
+    required = {k for k, f in ResponsesBody.model_fields.items() if f.is_required()}
+    out = _judged(body, PARAMETERS[RESPONSES], prefix, RESPONSES, keep_null=required)
+    if isinstance(out.get("input"), list):
+        out["input"] = [_input_item(x, f"{prefix}input.{i}")
+                        for i, x in enumerate(out["input"])]
+    if isinstance(out.get("text"), dict):
+        out["text"] = _judged(out["text"], TEXT_CONFIG, f"{prefix}text.", "text")
+    if isinstance(out.get("stream_options"), dict):
+        out["stream_options"] = _judged(out["stream_options"], RESPONSE_STREAM_OPTIONS,
+                                        f"{prefix}stream_options.", "stream_options")
+    return out
+
+
+def _input_item(item: Any, at: str) -> Any:
+    """One input item judged by INPUT_ITEM_FIELDS (its role's) and INPUT_PART_FIELDS."""
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type", "message")
+    if isinstance(kind, str) and kind != "message":
+        raise InvalidRequest(f"{at}.type: unsupported parameter: input items of type "
+                             f"{shown(kind, 64)} are not supported: inferq takes message "
+                             f"items only ({TOOLS}; reasoning and item references are not "
+                             "either)", param=f"{at}.type", code=UNSUPPORTED)
+    role = item.get("role")
+    if role not in ITEM_ROLE_FIELDS:
+        return item  # the model says which roles there are
+    fields = {k: INPUT_ITEM_FIELDS[k] for k in ITEM_ROLE_FIELDS[role]}
+    out = _judged(item, fields, f"{at}.", f"a {role} message item",
+                  keep_null={"role", "content"})
+    if isinstance(out.get("content"), list):
+        out["content"] = [_input_part(p, f"{at}.content.{j}")
+                          for j, p in enumerate(out["content"])]
+    return out
+
+
+def _input_part(part: Any, at: str) -> Any:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        return part  # the model refuses it
+    kind = part["type"]
+    if kind not in PART_TYPE_FIELDS:
+        raise InvalidRequest(f"{at}.type: unsupported parameter: content parts of type "
+                             f"{shown(kind, 64)} are not supported: the models read text "
+                             "only (parts of type 'input_text' or 'output_text')",
+                             param=f"{at}.type", code=UNSUPPORTED)
+    fields = {k: INPUT_PART_FIELDS[k] for k in PART_TYPE_FIELDS[kind]}
+    return _judged(part, fields, f"{at}.", f"an {kind} part", keep_null={"text", "type"})

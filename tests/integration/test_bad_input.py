@@ -22,6 +22,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "inference.embeddings": EMB,
     "inference.chat_completions": CHAT,
     "inference.completions": {"model": "SmolLM2-135M-Instruct", "prompt": "hi"},
+    "inference.responses": {"model": "SmolLM2-135M-Instruct", "input": "hi"},
     "jobs.create": {"endpoint": "/v1/chat/completions", "body": CHAT},
 }
 LISTS = ("batches.list_", "files.list_", "admin.list_projects", "webhooks.list_")
@@ -40,6 +41,7 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("POST", "/v1/embeddings"): "inference.embeddings",
     ("POST", "/v1/chat/completions"): "inference.chat_completions",
     ("POST", "/v1/completions"): "inference.completions",
+    ("POST", "/v1/responses"): "inference.responses",
     ("POST", "/v1/jobs"): "jobs.create", ("GET", "/v1/jobs/<job_id>"): "jobs.retrieve",
     ("POST", "/v1/webhook_endpoints"): "webhooks.create",
     ("GET", "/v1/webhook_endpoints"): "webhooks.list_",
@@ -278,6 +280,8 @@ KINDS: dict[str, Kind] = {
     "body_message_parts_wrong": (lambda r: r.view in ("inference.chat_completions",
                                                       "jobs.create"), body(field_of_request(
         "messages", [{"role": "robot", "content": [1]}])), 400),
+    "body_input_items_wrong": (lambda r: r.view == "inference.responses", body(
+        field_of_request("input", [{"role": "robot", "content": [1]}])), 400),
     "body_token_id_huge": (lambda r: r.view == "inference.embeddings",
                            body(field_of_request("input", [[2**40]])), 400),
     # uploads

@@ -112,6 +112,9 @@ def test_every_route_is_described(world) -> None:  # type: ignore[no-untyped-def
     assert {"401", "403"} <= set(ops["admin.list_projects"]["responses"])
     chat = ops["inference.chat_completions"]["responses"]["200"]["content"]
     assert set(chat) == {"application/json", "text/event-stream"}
+    answer = ops["inference.responses"]["responses"]["200"]["content"]
+    assert set(answer) == {"application/json", "text/event-stream"}
+    assert answer["application/json"]["schema"]["$ref"].endswith("/ResponseObject")
     upload = ops["files.create"]["requestBody"]["content"]
     assert list(upload) == ["multipart/form-data"]
     assert any(p["name"] == "Idempotency-Key" and p["in"] == "header"
@@ -149,7 +152,8 @@ def real_bodies(ids: dict[str, str]) -> dict[str, dict[str, Any]]:
             "webhooks.create": {"name": "w", "url": "https://93.184.216.34/w",
                                 "event_types": ["job.failed"]},
             "inference.embeddings": emb, "inference.chat_completions": {**chat, "stream": True},
-            "inference.completions": {"model": chat["model"], "prompt": "hi"}}
+            "inference.completions": {"model": chat["model"], "prompt": "hi"},
+            "inference.responses": {"model": CHAT_MODEL, "input": "hi", "stream": True}}
 
 
 def _examples(operation: Any, mode: GenerationMode, call: Any,

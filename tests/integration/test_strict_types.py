@@ -23,6 +23,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 CHAT = {"model": CHAT_MODEL, "messages": MSGS}
 PROMPT = {"model": CHAT_MODEL, "prompt": "hi"}
 EMB = {"model": EMB_MODEL, "input": "hi"}
+RESP = {"model": CHAT_MODEL, "input": "hi"}
 
 
 def job(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +58,12 @@ PROJECT_CASES: list[tuple[str, Any, str]] = [
     ("/v1/embeddings", {**EMB, "dimensions": 8.0}, "dimensions"),
     ("/v1/embeddings", {**EMB, "input": [True, 2]}, "input.0"),
     ("/v1/embeddings", {**EMB, "input": [1.0, 2]}, "input.0"),
+    ("/v1/responses", {**RESP, "max_output_tokens": True}, "max_output_tokens"),
+    ("/v1/responses", {**RESP, "temperature": "0.5"}, "temperature"),
+    ("/v1/responses", {**RESP, "stream": "yes"}, "stream"),
+    ("/v1/responses", {**RESP, "input": 5}, "input"),
+    ("/v1/responses", {**RESP, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": 1}]}]}, "input.0.content.0.text"),
     ("/v1/jobs", job("/v1/chat/completions", {**CHAT, "max_tokens": True}), "max_tokens"),
     ("/v1/jobs", job("/v1/completions", {**PROMPT, "temperature": "0.5"}), "temperature"),
     ("/v1/jobs", job("/v1/embeddings", {**EMB, "dimensions": "8"}), "dimensions"),

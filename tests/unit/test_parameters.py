@@ -17,6 +17,7 @@ import pytest
 from openai.resources.chat.completions import Completions as ChatCompletions
 from openai.resources.completions import Completions
 from openai.resources.embeddings import Embeddings
+from openai.resources.responses import Responses
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
@@ -28,6 +29,15 @@ from openai.types.chat import (
     ChatCompletionUserMessageParam,
 )
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import (
+    EasyInputMessageParam,
+    ResponseInputTextParam,
+    ResponseOutputMessageParam,
+    ResponseOutputTextParam,
+    ResponseTextConfigParam,
+    response_create_params,
+    response_input_param,
+)
 
 from jobs.errors import InvalidRequest
 from jobs.requests import (
@@ -37,39 +47,52 @@ from jobs.requests import (
     DEFAULT_ONLY,
     EMBEDDINGS,
     IMPLEMENTED,
+    INPUT_ITEM_FIELDS,
+    INPUT_PART_FIELDS,
+    ITEM_ROLE_FIELDS,
     MESSAGE_FIELDS,
     METHODS,
     NESTED,
     PARAMETERS,
+    PART_TYPE_FIELDS,
     REFUSED,
     REFUSED_ROLES,
+    RESPONSE_STREAM_OPTIONS,
+    RESPONSES,
     ROLE_FIELDS,
     STREAM_OPTIONS,
+    TEXT_CONFIG,
     TEXT_PART_FIELDS,
     BatchCreate,
     ChatBody,
+    InputItem,
+    InputPart,
     Message,
+    ResponseStreamOptions,
     StreamOptions,
+    TextConfig,
     parameter_table,
     parse_embeddings,
     parse_generation,
     parse_model,
+    parse_responses,
 )
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "API.md"
 TRANSPORT = {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
 SDK_METHODS = {CHAT: ChatCompletions.create, COMPLETIONS: Completions.create,
-               EMBEDDINGS: Embeddings.create}
+               EMBEDDINGS: Embeddings.create, RESPONSES: Responses.create}
 SDK_BASES = {CHAT: chat_create_params.CompletionCreateParamsBase,
              COMPLETIONS: completion_create_params.CompletionCreateParamsBase,
-             EMBEDDINGS: embedding_create_params.EmbeddingCreateParams}
+             EMBEDDINGS: embedding_create_params.EmbeddingCreateParams,
+             RESPONSES: response_create_params.ResponseCreateParamsBase}
 ROLE_TYPES = {"system": ChatCompletionSystemMessageParam,
               "developer": ChatCompletionDeveloperMessageParam,
               "user": ChatCompletionUserMessageParam,
               "assistant": ChatCompletionAssistantMessageParam}
 MSGS = [{"role": "user", "content": "hi"}]
 MINIMAL = {CHAT: {"model": "m", "messages": MSGS}, COMPLETIONS: {"model": "m", "prompt": "hi"},
-           EMBEDDINGS: {"model": "m", "input": "hi"}}
+           EMBEDDINGS: {"model": "m", "input": "hi"}, RESPONSES: {"model": "m", "input": "hi"}}
 # Values clients send for what inferq does not do (each is refused naming its parameter)
 REAL_USES: list[tuple[str, str, Any]] = [
     (CHAT, "response_format", {"type": "json_object"}),
@@ -85,10 +108,21 @@ REAL_USES: list[tuple[str, str, Any]] = [
     (COMPLETIONS, "suffix", "!"),
     # JSON types are strict: a string is no boolean, nor is a number
     (CHAT, "store", "false"), (CHAT, "store", 0),
+    (RESPONSES, "store", True), (RESPONSES, "previous_response_id", "resp_1"),
+    (RESPONSES, "tools", [{"type": "function", "name": "f", "parameters": {}}]),
+    (RESPONSES, "tool_choice", "auto"), (RESPONSES, "parallel_tool_calls", False),
+    (RESPONSES, "reasoning", {"effort": "low"}), (RESPONSES, "truncation", "auto"),
+    (RESPONSES, "include", ["message.output_text.logprobs"]), (RESPONSES, "top_logprobs", 2),
+    (RESPONSES, "background", True), (RESPONSES, "conversation", "conv_1"),
+    (RESPONSES, "prompt", {"id": "pmpt_1"}), (RESPONSES, "service_tier", "flex"),
+    (RESPONSES, "max_tool_calls", 3), (RESPONSES, "safety_identifier", "u1"),
+    (RESPONSES, "prompt_cache_key", "k"), (RESPONSES, "store", "false"),
 ]
 
 
 def parse(endpoint: str, body: dict[str, Any]) -> Any:
+    if endpoint == RESPONSES:
+        return parse_responses(body)
     return (parse_embeddings(body, 2048) if endpoint == EMBEDDINGS
             else parse_generation(endpoint, body))
 
@@ -142,6 +176,25 @@ def test_the_message_fields_are_the_sdks_by_role() -> None:
     assert set(STREAM_OPTIONS) == set(ChatCompletionStreamOptionsParam.__annotations__)
 
 
+def test_the_responses_objects_are_the_sdks() -> None:
+    """An input message item's fields by role are those of the SDK's message item types
+    that take the role; text parts, ``text`` and ``stream_options`` likewise."""
+    items = (EasyInputMessageParam, response_input_param.Message, ResponseOutputMessageParam)
+    for role, fields in ITEM_ROLE_FIELDS.items():
+        expected: set[str] = set()
+        for typed in items:
+            if role in typing.get_args(typing.get_type_hints(typed)["role"]):
+                expected |= set(typed.__annotations__)
+        assert set(fields) == expected, role
+    assert set().union(*ITEM_ROLE_FIELDS.values()) == set(INPUT_ITEM_FIELDS)
+    assert set(PART_TYPE_FIELDS["input_text"]) == set(ResponseInputTextParam.__annotations__)
+    assert set(PART_TYPE_FIELDS["output_text"]) == set(ResponseOutputTextParam.__annotations__)
+    assert set().union(*PART_TYPE_FIELDS.values()) == set(INPUT_PART_FIELDS)
+    assert set(TEXT_CONFIG) == set(ResponseTextConfigParam.__annotations__)
+    assert set(RESPONSE_STREAM_OPTIONS) == set(
+        response_create_params.StreamOptions.__annotations__)
+
+
 def test_implemented_is_exactly_what_the_models_read() -> None:
     """The one fact: a model field is an implemented row and the other way round."""
     for endpoint, table in PARAMETERS.items():
@@ -151,6 +204,11 @@ def test_implemented_is_exactly_what_the_models_read() -> None:
         set(Message.model_fields)
     assert {k for k, p in STREAM_OPTIONS.items() if p.status == IMPLEMENTED} == \
         set(StreamOptions.model_fields)
+    for table, model in ((INPUT_ITEM_FIELDS, InputItem), (INPUT_PART_FIELDS, InputPart),
+                         (TEXT_CONFIG, TextConfig),
+                         (RESPONSE_STREAM_OPTIONS, ResponseStreamOptions)):
+        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
+            set(model.model_fields), model
     for table in (*PARAMETERS.values(), *NESTED.values()):
         for name, p in table.items():
             assert p.status in (IMPLEMENTED, DEFAULT_ONLY, REFUSED), name
@@ -358,3 +416,98 @@ def test_batch_defaults_are_judged_with_the_batch() -> None:
             batch(endpoint, body)
         assert (e.value.param, e.value.code) == (param, code)
         assert e.value.message.startswith(f"{param}: ")
+
+
+# Inside a Responses body -------------------------------------------------------------------
+
+def responses(*items: Any, **params: Any) -> dict[str, Any]:
+    return {"model": "m", "input": list(items), **params}
+
+
+USER_ITEM = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    (responses(USER_ITEM, {"type": "function_call_output", "call_id": "c", "output": "4"}),
+     "input.1.type", "unsupported_parameter"),
+    (responses({"type": "item_reference", "id": "msg_1"}), "input.0.type",
+     "unsupported_parameter"),
+    (responses({"type": "reasoning", "id": "rs_1", "summary": []}), "input.0.type",
+     "unsupported_parameter"),
+    (responses({"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}),
+     "input.0.content.0.type", "unsupported_parameter"),
+    (responses({"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}),
+     "input.0.content.0.type", "unsupported_parameter"),
+    (responses({"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                "content": [{"type": "refusal", "refusal": "no"}]}),
+     "input.0.content.0.type", "unsupported_parameter"),
+    (responses({"role": "assistant", "content": [
+        {"type": "output_text", "text": "a", "annotations": [{"type": "url_citation"}]}]}),
+     "input.0.content.0.annotations", "unsupported_parameter"),
+    (responses({"role": "user", "content": [
+        {"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "explicit"}}]}),
+     "input.0.content.0.prompt_cache_breakpoint", "unsupported_parameter"),
+    (responses({"role": "assistant", "content": "a", "phase": "final_answer"}),
+     "input.0.phase", "unsupported_parameter"),
+    (responses({"role": "user", "content": "a", "id": "msg_1"}), "input.0.id",
+     "unknown_parameter"),  # not a field of a user message
+    (responses({"role": "user", "content": [{"type": "input_text", "text": "a",
+                                             "annotations": []}]}),
+     "input.0.content.0.annotations", "unknown_parameter"),  # not an input_text's field
+    (responses(USER_ITEM, text={"format": {"type": "json_object"}}), "text.format",
+     "unsupported_parameter"),
+    (responses(USER_ITEM, text={"format": {"type": "json_schema", "name": "x",
+                                           "schema": {}}}), "text.format",
+     "unsupported_parameter"),
+    (responses(USER_ITEM, text={"verbosity": "low"}), "text.verbosity",
+     "unsupported_parameter"),
+    (responses(USER_ITEM, stream=True, stream_options={"include_obfuscation": True}),
+     "stream_options.include_obfuscation", "unsupported_parameter"),
+    (responses(USER_ITEM, stream=True, stream_options={"include_usage": True}),
+     "stream_options.include_usage", "unknown_parameter"),  # chat's, not the Responses'
+    (responses(USER_ITEM, messages=[USER_ITEM]), "messages", "unknown_parameter"),
+    (responses(USER_ITEM, max_tokens=4), "max_tokens", "unknown_parameter"),
+])
+def test_inside_a_responses_body_the_same(body: dict[str, Any], param: str,
+                                          code: str) -> None:
+    e = refused(RESPONSES, body)
+    assert (e.param, e.code) == (param, code), e.message
+
+
+def test_what_a_responses_body_takes() -> None:
+    """The items an earlier answer gives back (its nulls and no-op values), text
+    parts, and the no-op values of ``text`` and ``stream_options``."""
+    req = parse_responses(responses(
+        {"role": "developer", "content": [{"type": "input_text", "text": "be "},
+                                          {"type": "input_text", "text": "brief",
+                                           "prompt_cache_breakpoint": None}]},
+        {"type": "message", "role": "user", "content": "hi", "status": None, "phase": None},
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+         "phase": None, "content": [{"type": "output_text", "text": "hello",
+                                     "annotations": [], "logprobs": []}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "and?"}]},
+        text={"format": {"type": "text"}, "verbosity": None}, stream=True,
+        stream_options={"include_obfuscation": False}, metadata={"k": "v"}))
+    assert isinstance(req.input, list)
+    assert [m.text() for m in req.input] == ["be brief", "hi", "hello", "and?"]
+    assert req.input[2].model_fields_set == {"type", "id", "role", "status", "content"}
+    assert req.metadata == {"k": "v"} and req.stream
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "m", "input": ""}, "input"), ({"model": "m", "input": []}, "input"),
+    ({"model": "m"}, "input"), ({"input": "hi"}, "model"),
+    ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "m", "input": "hi", "temperature": 2.5}, "temperature"),
+    ({"model": "m", "input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}},
+     "metadata"),
+    ({"model": "m", "input": "hi", "metadata": {"k": "v" * 513}}, "metadata"),
+    ({"model": "m", "input": "hi", "metadata": {"k": 1}}, "metadata.k"),
+    ({"model": "m", "input": [{"role": "wizard", "content": "hi"}]}, "input.0.role"),
+    ({"model": "m", "input": [{"role": "user"}]}, "input.0.content"),
+    ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+     "input.0.content.0.text"),
+])
+def test_invalid_responses_bodies_name_their_field(body: dict[str, Any], param: str) -> None:
+    e = refused(RESPONSES, body)
+    assert e.param == param and e.code not in ("unsupported_parameter", "unknown_parameter")
