@@ -15,7 +15,14 @@ from jobs import catalog, limits, placement, registry, rollout, usage, webhooks
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import Job, new_id, now
-from jobs.requests import EMBEDDINGS, ENDPOINTS, parse_embeddings, parse_generation
+from jobs.requests import (
+    EMBEDDINGS,
+    ENDPOINTS,
+    RESPONSES,
+    parse_embeddings,
+    parse_generation,
+    parse_responses,
+)
 from jobs.status import JobStatus
 
 log = logging.getLogger("inferq.jobs")
@@ -95,6 +102,12 @@ def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
         return parse_embeddings(body, ctx.settings.max_embedding_inputs,
                                 catalog.cached(ctx)).model_dump(
             exclude_none=True)
+    if endpoint == RESPONSES:  # run as a chat request (jobs.requests.chat_body)
+        resp = parse_responses(body, catalog.cached(ctx))
+        if resp.stream:
+            raise InvalidRequest("a job is answered asynchronously; stream must be false",
+                                 param="body.stream")
+        return resp.model_dump(exclude_none=True)
     req = parse_generation(endpoint, body, catalog.cached(ctx))
     if req.stream:
         raise InvalidRequest("a job is answered asynchronously; stream must be false",

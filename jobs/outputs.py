@@ -16,6 +16,10 @@ lines. Columns by endpoint:
   error_message. ``content`` is the assistant message's text for chat and the
   generated text for completions (one column for both, so a dataset can move
   between the two endpoints without changing its readers).
+- ``/v1/responses``: the same columns; ``content`` is the output message's text,
+  ``finish_reason`` ``stop`` for a completed Response and ``length`` for one that
+  the token limit ended (``status: incomplete``), ``prompt_tokens`` and
+  ``completion_tokens`` its ``usage.input_tokens`` and ``usage.output_tokens``.
 
 ``status_code`` is null for a request that never ran (``error_code`` says why).
 The token columns of a row equal the ``usage`` of its line, and a batch's usage
@@ -33,7 +37,7 @@ import orjson
 import pyarrow as pa
 
 from jobs.models import new_id
-from jobs.requests import EMBEDDINGS
+from jobs.requests import EMBEDDINGS, RESPONSES
 
 
 class Tokens(NamedTuple):
@@ -107,6 +111,8 @@ def line_tokens(line: dict[str, Any]) -> Tokens:
     """The usage a line reports (zero for errors and requests that never ran)."""
     body = _ok_body(line)
     usage = (body or {}).get("usage") or {}
+    if (body or {}).get("object") == "response":  # a Response's (/v1/responses) names
+        return Tokens(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
     return Tokens(int(usage.get("prompt_tokens") or 0),
                   int(usage.get("completion_tokens") or 0))
 
@@ -152,6 +158,9 @@ def parquet_row(endpoint: str, line: dict[str, Any]) -> dict[str, Any]:
             if isinstance(emb, str):  # encoding_format base64: little-endian float32
                 emb = np.frombuffer(base64.b64decode(emb), dtype="<f4").tolist()
             row["embedding"] = emb
+        elif endpoint == RESPONSES:
+            row["content"], row["finish_reason"] = response_text(body)
+            row["completion_tokens"] = tokens.completion
         else:
             choice = (body.get("choices") or [{}])[0]
             message = choice.get("message")
@@ -162,6 +171,17 @@ def parquet_row(endpoint: str, line: dict[str, Any]) -> dict[str, Any]:
     if isinstance(err, dict):
         row["error_code"], row["error_message"] = err.get("code"), err.get("message")
     return row
+
+
+def response_text(body: dict[str, Any]) -> tuple[str | None, str]:
+    """A Response's output text (its output messages' text parts, joined) and the
+    finish reason its status amounts to (``length`` when incomplete)."""
+    texts = [part.get("text") or "" for item in body.get("output") or []
+             if isinstance(item, dict) and item.get("type") == "message"
+             for part in item.get("content") or []
+             if isinstance(part, dict) and part.get("type") == "output_text"]
+    reason = "length" if body.get("status") == "incomplete" else "stop"
+    return ("".join(texts) if texts else None), reason
 
 
 def parquet_rows(endpoint: str, blocks: Iterable[bytes]) -> Iterator[dict[str, Any]]:

@@ -45,7 +45,7 @@ EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"  # run as a chat request (see Responses below)
-ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS)
+ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS, RESPONSES)
 
 # Which models exist and what they serve: the registry (jobs.catalog). A model's output
 # size is known where it is loaded: the worker refuses ``dimensions`` above it.
@@ -828,7 +828,8 @@ NOT_STORED = ("responses are not stored: send the earlier turns in `input` (an a
               "output message is an input item)")
 PARAMETERS[RESPONSES] = {
     "access_programs": _refused("OpenAI's access programs do not exist here"),
-    "background": _only("background responses are not implemented", False),
+    "background": _only("background responses are not implemented: POST /v1/jobs with "
+                        "endpoint /v1/responses runs one asynchronously", False),
     "background_options": _refused("background responses are not implemented"),
     "context_management": _refused("context management (compaction) is not implemented"),
     "conversation": _refused("conversations are not stored"),

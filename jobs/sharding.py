@@ -40,8 +40,11 @@ from jobs.requests import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
+    as_chat,
     parse_embeddings,
     parse_generation,
+    parse_responses,
     text_length,
 )
 from storage import keys
@@ -50,7 +53,8 @@ from storage.parquet import dataset_columns, iter_dataset, shard_bytes
 
 MAX_REPORTED_ERRORS = 100
 # The input column of a Parquet dataset, by endpoint.
-DATASET_COLUMN = {EMBEDDINGS: "input", CHAT: "messages", COMPLETIONS: "prompt"}
+DATASET_COLUMN = {EMBEDDINGS: "input", CHAT: "messages", COMPLETIONS: "prompt",
+                  RESPONSES: "input"}
 MAX_COLUMNS_SHOWN = 20
 # (endpoint, a valid request body as its shard row holds it) -> its prompt tokens as the
 # model's workers count them; None where it cannot count them (the upper bound is used).
@@ -154,12 +158,14 @@ class _Sharder:
                 raise InvalidRequest("a dataset row holds one text: the input cell must be a "
                                      "non-empty string", param="input")
         else:
-            req = parse_generation(self.endpoint, body)
+            req = (parse_responses(body) if self.endpoint == RESPONSES
+                   else parse_generation(self.endpoint, body))
             if req.stream:
                 raise InvalidRequest("stream is not available in a batch", param="stream")
         try:
             clean: dict[str, Any] = req.model_dump(mode="json", exclude_unset=True)
-            text, length = orjson.dumps(clean).decode(), text_length(clean)
+            text = orjson.dumps(clean).decode()
+            length = text_length(as_chat(self.endpoint, clean)[1])
         except (TypeError, ValueError):  # a value JSON cannot hold (the schema lets none by)
             raise InvalidRequest("the request holds a value JSON cannot hold (binary data "
                                  "that is not UTF-8 text, say); send text") from None
@@ -168,11 +174,12 @@ class _Sharder:
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         """The prompt tokens of a valid body: counted by ``count_tokens``, else bounded."""
-        exact = self.count_tokens(self.endpoint, body) if self.count_tokens else None
+        endpoint, body = as_chat(self.endpoint, body)  # a Responses body: its chat request
+        exact = self.count_tokens(endpoint, body) if self.count_tokens else None
         if exact is not None:
             return exact
         self.plan.exact_tokens = False
-        return prompt_tokens(self.endpoint, body)
+        return prompt_tokens(endpoint, body)
 
     def flush(self) -> None:
         if not self.rows or self.plan.error_count:

@@ -27,10 +27,16 @@ from jobs.context import Context
 from jobs.errors import InferqError
 from jobs.models import Job
 from jobs.outputs import dumps
-from jobs.requests import EMBEDDINGS, EmbeddingsBody, parse_embeddings
+from jobs.requests import EMBEDDINGS, RESPONSES, EmbeddingsBody, as_chat, parse_embeddings
 from workers.embedding_engine import JOBS, RowFuture, seconds_of, when_all_done
 from workers.generation_request import build_request
-from workers.responses import embeddings_body, failure, generation_body, top_count
+from workers.responses import (
+    embeddings_body,
+    failure,
+    generation_body,
+    response_object,
+    top_count,
+)
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.generation import Collect
@@ -128,6 +134,9 @@ class JobsConsumer(threading.Thread):
         if job.endpoint == EMBEDDINGS:
             self.start_embeddings(job)
             return
+        if job.endpoint == RESPONSES:
+            self.start_response(job)
+            return
         try:
             gen = self.models.chat(job.body["model"], job.model_version)
             greq = build_request(gen.model, job.endpoint, job.body)
@@ -169,6 +178,31 @@ class JobsConsumer(threading.Thread):
         u = c.usage  # every choice's tokens (best_of's included), the prompt once
         body = generation_body(job.endpoint, job.body["model"], c.choices,
                                top_count(job.endpoint, job.body), u.prompt_tokens,
+                               u.completion_tokens)
+        body["inferq"] = {"batch_rows": u.batch_rows}
+        self.record(job.id, body, None,
+                    self.bill(job, u.prompt_tokens, u.completion_tokens, u.accelerator_s))
+
+    def start_response(self, job: Job) -> None:
+        """A /v1/responses job: run as its chat request (jobs.requests.as_chat), its
+        result the Response object."""
+        try:
+            gen = self.models.chat(job.body["model"], job.model_version)
+            greq = build_request(gen.model, *as_chat(job.endpoint, job.body))
+        except InferqError as e:
+            self.finish(job.id, None, e.to_dict())
+            return
+        from workers.generation import Collect
+
+        sink = Collect(on_done=lambda c: self.writer.submit(self.finish_response, job, c))
+        gen.submit(greq, sink, JOBS)
+
+    def finish_response(self, job: Job, c: Collect) -> None:
+        if c.error is not None:
+            self.record(job.id, None, failure(c.error)[1])
+            return
+        u = c.usage
+        body = response_object(job.body, c.text, c.reason, u.prompt_tokens,
                                u.completion_tokens)
         body["inferq"] = {"batch_rows": u.batch_rows}
         self.record(job.id, body, None,

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from jobs import shapes
+from jobs import response_shapes, shapes
 from jobs.errors import InferqError
-from jobs.requests import CHAT, EmbeddingsBody
+from jobs.requests import CHAT, EmbeddingsBody, ResponsesBody, parse_model
 
 
 def embeddings_body(req: EmbeddingsBody, vectors: list[np.ndarray], tokens: int) -> dict[str, Any]:
@@ -45,6 +45,16 @@ def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
                      "code": "request_too_large"}
     return 500, {"message": f"inference failed: {e}", "type": "server_error", "param": None,
                  "code": "server_error"}
+
+
+
+def response_object(body: dict[str, Any], text: str, finish_reason: str, prompt_tokens: int,
+                    completion_tokens: int) -> dict[str, Any]:
+    """The Response (/v1/responses) of a generated answer, for its validated Responses
+    ``body`` (a job's, or a shard row's): the request's settings echoed."""
+    req: ResponsesBody = parse_model(ResponsesBody, body)
+    return response_shapes.response_body(req, text, finish_reason, prompt_tokens,
+                                         completion_tokens)
 
 
 # Choices and log probabilities (chat completions and completions) ------------------------

@@ -21,10 +21,16 @@ import orjson
 from jobs import outputs
 from jobs.errors import InferqError
 from jobs.outputs import Tokens
-from jobs.requests import parse_embeddings
+from jobs.requests import as_chat, parse_embeddings
 from workers.embedding_engine import seconds_of
 from workers.generation_request import build_request
-from workers.responses import embeddings_body, failure, generation_body, top_count
+from workers.responses import (
+    embeddings_body,
+    failure,
+    generation_body,
+    response_object,
+    top_count,
+)
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.generation import GenerationEngine
@@ -158,3 +164,44 @@ class GenerationRunner:
         for _, _, sink, _ in chunk.requests if chunk else []:
             if sink is not None:
                 sink.cancel()
+
+
+class ResponsesRunner(GenerationRunner):
+    """Rows of a /v1/responses batch: each runs as its chat request
+    (jobs.requests.as_chat) and its output line's body is the Response object."""
+
+    def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
+        from workers.generation import Collect
+
+        reqs: list[tuple[str, Any, Any, int]] = []
+        for r in rows:
+            body = orjson.loads(r["body"])
+            try:
+                gen = self.chat(body["model"])
+                greq = build_request(gen.model, *as_chat(self.endpoint, body))
+            except InferqError as e:
+                reqs.append((r["custom_id"], e, None, 0))
+                continue
+            sink = Collect()
+            gen.submit(greq, sink, prio)
+            reqs.append((r["custom_id"], body, sink, 0))
+        return Chunk(rows, reqs)
+
+    def collect(self, chunk: Chunk) -> Lines:
+        ok, err, tokens, seconds = [], [], Tokens(), 0.0
+        for custom_id, body, sink, _ in chunk.requests:
+            if isinstance(body, InferqError):
+                err.append(_refused(custom_id, body))
+                continue
+            try:
+                c = sink.result()
+            except Exception as e:  # noqa: BLE001
+                err.append(_failed(chunk, custom_id, e))
+                continue
+            u = c.usage
+            ok.append(outputs.ok_line(custom_id, response_object(
+                body, c.text, c.reason, u.prompt_tokens, u.completion_tokens)))
+            tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
+            seconds += u.accelerator_s
+        chunk.seconds = seconds
+        return b"".join(ok), b"".join(err), len(ok), len(err), tokens

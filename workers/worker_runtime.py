@@ -28,7 +28,7 @@ from jobs.context import Context
 from jobs.errors import Unavailable
 from jobs.models import Model
 from jobs.registry import EMBEDDINGS_KIND, total_bytes
-from jobs.requests import EMBEDDINGS
+from jobs.requests import EMBEDDINGS, RESPONSES
 from jobs.settings import Settings
 from workers import metrics
 from workers.batching import BatchPolicy
@@ -38,7 +38,7 @@ from workers.heartbeat import Heartbeat, worker_name
 from workers.jobs_lane import JobsConsumer
 from workers.realtime_lane import RealtimeConsumer, UsageWriter
 from workers.residency import Commands, Residency, Resident
-from workers.runners import EmbeddingRunner, GenerationRunner, Runner
+from workers.runners import EmbeddingRunner, GenerationRunner, ResponsesRunner, Runner
 from workers.runtime import simulated
 from workers.runtime.cache import local_dir
 from workers.runtime.embedding_inputs import EmbeddingInputs
@@ -139,6 +139,8 @@ class WorkerRuntime:
         if endpoint == EMBEDDINGS:
             return EmbeddingRunner(lambda name: res.embedder(name, version),
                                    self.settings.max_embedding_inputs)
+        if endpoint == RESPONSES:
+            return ResponsesRunner(lambda name: res.chat(name, version), endpoint)
         return GenerationRunner(lambda name: res.chat(name, version), endpoint)
 
     def models(self) -> list[str]:

@@ -2,14 +2,23 @@
 openai SDK in strict mode: plain, with instructions and multi-turn input (the same
 answer as the chat request it runs as), streamed (``stream=True`` and
 ``client.responses.stream``), cut short by ``max_output_tokens``; what it does not
-implement refused naming the parameter."""
+implement refused naming the parameter; a JSONL and a Parquet batch, and a job."""
 
 from __future__ import annotations
 
+import io
+import json
+import time
 from typing import Any
 
 import openai
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from openai._models import validate_type
+from openai.types.responses import Response
+
+from tests.integration.helpers import jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
@@ -116,3 +125,53 @@ def test_what_it_does_not_implement_is_refused_naming_it(sdk) -> None:  # type: 
                 truncation="disabled", text={"format": {"type": "text"}}, include=[])
     assert ok.status == "incomplete"
 
+
+def test_a_responses_batch(sdk) -> None:  # type: ignore[no-untyped-def]
+    rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+             "body": {"input": f"Count to {i % 4 + 1}.", "max_output_tokens": 6}}
+            for i in range(12)]
+    rows.append({"custom_id": "bad", "method": "POST", "url": "/v1/responses",
+                 "body": {"input": "hi", "store": True}})
+    b = sdk.batches.create(input_file_id=upload(sdk, jsonl(rows)).id, endpoint="/v1/responses",
+                           completion_window="24h",
+                           extra_body={"body": {"model": MODEL, "temperature": 0,
+                                                "instructions": "Be brief."}})
+    b = wait(sdk, b.id)
+    assert b.status == "completed", b
+    assert (b.request_counts.completed, b.request_counts.failed) == (12, 1)
+    out = lines(sdk, b.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(f"r{i}" for i in range(12))
+    bodies = [validate_type(type_=Response, value=x["response"]["body"]) for x in out]
+    assert all(r.output_text and r.usage.output_tokens <= 6 for r in bodies)
+    assert all(r.instructions == "Be brief." for r in bodies)
+    assert b.usage.input_tokens == sum(r.usage.input_tokens for r in bodies)
+    assert b.usage.output_tokens == sum(r.usage.output_tokens for r in bodies)
+    err = lines(sdk, b.error_file_id)
+    assert [(e["custom_id"], e["response"]["body"]["error"]["param"]) for e in err] == [
+        ("bad", "store")]
+
+    table = pa.table({"custom_id": ["p0", "p1"], "input": ["Say hi.", "Say bye."]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    p = sdk.batches.create(input_file_id=upload(sdk, buf.getvalue(), "in.parquet").id,
+                           endpoint="/v1/responses", completion_window="24h",
+                           extra_body={"body": {"model": MODEL, "max_output_tokens": 4}})
+    p = wait(sdk, p.id)
+    assert p.status == "completed", p
+    got = pq.read_table(io.BytesIO(sdk.files.content(p.output_file_id).read())).to_pylist()
+    assert sorted(r["custom_id"] for r in got) == ["p0", "p1"]
+    assert all(r["status_code"] == 200 and r["content"] and r["finish_reason"] in
+               ("stop", "length") and 0 < r["completion_tokens"] <= 4 for r in got)
+
+
+def test_a_responses_job(sdk) -> None:  # type: ignore[no-untyped-def]
+    job: Any = sdk.post("/jobs", cast_to=object, body={"endpoint": "/v1/responses", "body": {
+        "model": MODEL, "input": FRANCE, "temperature": 0, "max_output_tokens": 16,
+        "metadata": {"via": "job"}}})
+    deadline = time.monotonic() + 120
+    while job["status"] not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        job = sdk.get(f"/jobs/{job['id']}", cast_to=object)
+    assert job["status"] == "completed", json.dumps(job)
+    r = validate_type(type_=Response, value=job["result"])
+    assert "Paris" in r.output_text and r.metadata == {"via": "job"}

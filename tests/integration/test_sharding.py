@@ -626,3 +626,47 @@ def test_jsonl_lines_take_the_batch_body_defaults_their_own_fields_win(ctx: Cont
     # without defaults a line still needs its model
     plan, _ = shard(ctx, jsonl(rows[:1]))
     assert codes(plan) == [("missing_model", 1)]
+
+
+def test_responses_lines_and_rows_are_sharded_as_their_bodies(ctx: Context) -> None:
+    """/v1/responses: a chat model's; a line's body as its schema reads it, its length
+    and upper-bound tokens those of the chat request it runs as; a Parquet ``input``
+    column of text under the batch's defaults; a refused parameter is its error line."""
+    from jobs.limits import prompt_tokens
+    from jobs.requests import CHAT, RESPONSES, chat_body, parse_responses
+
+    def rline(i: str, **body: Any) -> dict[str, Any]:
+        return {"custom_id": i, "method": "POST", "url": RESPONSES, "body": body}
+
+    turns = [{"role": "user", "content": [{"type": "input_text", "text": "Name a colour."}]},
+             {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+              "content": [{"type": "output_text", "text": "Blue.", "annotations": []}]},
+             {"role": "user", "content": "Another?"}]
+    rows = [rline("text", input="Say hi."), rline("turns", input=turns, store=False),
+            rline("stored", input="hi", store=True)]
+    plan, batch_id = shard(ctx, jsonl(rows), endpoint=RESPONSES,
+                           defaults={"model": CHAT_MODEL, "instructions": "Be brief."})
+    assert plan.errors == [] and plan.total == 3 and plan.invalid == 1
+    assert errors_by_id(ctx, batch_id)["stored"]["body"]["error"]["param"] == "store"
+    (shard_rows,) = shard_rows_of(ctx, batch_id)
+    bodies = {r["custom_id"]: json.loads(r["body"]) for r in shard_rows}
+    assert bodies["text"] == {"model": CHAT_MODEL, "instructions": "Be brief.",
+                              "input": "Say hi."}
+    assert bodies["turns"]["input"][1]["content"] == [{"type": "output_text",
+                                                       "text": "Blue."}]
+    chats = {k: chat_body(parse_responses(b)) for k, b in bodies.items()}
+    assert {r["custom_id"]: r["length"] for r in shard_rows} == {
+        k: sum(len(m["content"]) for m in c["messages"]) for k, c in chats.items()}
+    assert plan.input_tokens == sum(prompt_tokens(CHAT, c) for c in chats.values())
+
+    data = parquet_bytes({"custom_id": ["a", "b"], "input": ["Say hi.", ""]})
+    plan, batch_id = shard(ctx, data, fmt="parquet", endpoint=RESPONSES,
+                           defaults={"model": CHAT_MODEL, "max_output_tokens": 4})
+    assert plan.errors == [] and plan.total == 2 and plan.invalid == 1
+    assert errors_by_id(ctx, batch_id)["b"]["body"]["error"]["param"] == "input"
+    (shard_rows,) = shard_rows_of(ctx, batch_id)
+    assert [json.loads(r["body"]) for r in shard_rows] == [
+        {"model": CHAT_MODEL, "max_output_tokens": 4, "input": "Say hi."}]
+    # an embeddings model does not serve it
+    plan, _ = shard(ctx, jsonl([rline("e", model=MODEL, input="hi")]), endpoint=RESPONSES)
+    assert codes(plan) == [("model_not_found", 1)]

@@ -64,6 +64,8 @@ PROJECT_CASES: list[tuple[str, Any, str]] = [
     ("/v1/responses", {**RESP, "input": 5}, "input"),
     ("/v1/responses", {**RESP, "input": [{"role": "user", "content": [
         {"type": "input_text", "text": 1}]}]}, "input.0.content.0.text"),
+    ("/v1/jobs", job("/v1/responses", {**RESP, "max_output_tokens": 8.0}),
+     "max_output_tokens"),
     ("/v1/jobs", job("/v1/chat/completions", {**CHAT, "max_tokens": True}), "max_tokens"),
     ("/v1/jobs", job("/v1/completions", {**PROMPT, "temperature": "0.5"}), "temperature"),
     ("/v1/jobs", job("/v1/embeddings", {**EMB, "dimensions": "8"}), "dimensions"),

@@ -472,6 +472,10 @@ def test_inside_a_responses_body_the_same(body: dict[str, Any], param: str,
                                           code: str) -> None:
     e = refused(RESPONSES, body)
     assert (e.param, e.code) == (param, code), e.message
+    with pytest.raises(InvalidRequest) as b:  # a batch default (or line) alike
+        parse_model(BatchCreate, {"input_file_id": "f", "endpoint": RESPONSES,
+                                  "completion_window": "24h", "body": body})
+    assert (b.value.param, b.value.code) == ("body." + param, code)
 
 
 def test_what_a_responses_body_takes() -> None:

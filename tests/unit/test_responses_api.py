@@ -2,7 +2,7 @@
 jobs.requests.chat_body makes of it; the Response object and the streamed events
 (jobs.response_shapes) are the pinned SDK's types, strictly validated, and the SDK's own
 stream accumulator (what ``client.responses.stream`` runs) rebuilds the answer from the
-events."""
+events; batch lines of Responses count their tokens and fill the Parquet columns."""
 
 from __future__ import annotations
 
@@ -14,18 +14,22 @@ from openai._models import validate_type
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
-from jobs import catalog, limits, registry
+from jobs import catalog, limits, outputs, registry
 from jobs.errors import InvalidRequest
 from jobs.requests import (
     CHAT,
+    ENDPOINTS,
     RESPONSES,
+    BatchCreate,
     ChatBody,
     as_chat,
     chat_body,
     parse_generation,
+    parse_model,
     parse_responses,
 )
 from jobs.response_shapes import EventWriter, response_body
+from workers.responses import response_object
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -89,7 +93,8 @@ def test_limits_reserve_what_the_chat_request_would() -> None:
         RESPONSES, clean) == 7
 
 
-def test_the_endpoint_is_served_by_chat_models() -> None:
+def test_the_endpoint_is_served_by_chat_models_and_batches() -> None:
+    assert RESPONSES in ENDPOINTS
     assert catalog.kinds_for(RESPONSES) == (registry.CHAT_KIND,)
     cat = catalog.Catalog([catalog.ModelInfo(MODEL, registry.CHAT_KIND),
                            catalog.ModelInfo("emb", registry.EMBEDDINGS_KIND),
@@ -99,6 +104,10 @@ def test_the_endpoint_is_served_by_chat_models() -> None:
         with pytest.raises(InvalidRequest) as e:
             parse_responses({"model": name, "input": "hi"}, cat)
         assert (e.value.param, e.value.code) == ("model", "model_not_found")
+    b = parse_model(BatchCreate, {"input_file_id": "f", "endpoint": RESPONSES,
+                                  "completion_window": "24h",
+                                  "body": {"model": MODEL, "instructions": "Be brief."}})
+    assert b.endpoint == RESPONSES
 
 
 # The Response object --------------------------------------------------------------------
@@ -136,6 +145,13 @@ def test_the_token_limit_makes_it_incomplete() -> None:
     assert got.status == "incomplete"
     assert got.incomplete_details.reason == "max_output_tokens"
     assert got.output[0].status == "incomplete" and got.output_text == "Hel"
+
+
+def test_the_workers_build_the_same_object_from_a_stored_body() -> None:
+    clean = req(input="hi", metadata={"a": "b"}).model_dump(mode="json", exclude_unset=True)
+    body = response_object(clean, "Yes.", "stop", 4, 2)
+    got = strict(Response, body)
+    assert got.output_text == "Yes." and got.metadata == {"a": "b"}
 
 
 def test_the_api_describes_what_it_sends() -> None:
@@ -205,3 +221,16 @@ def test_an_error_event() -> None:
     got = strict(ResponseStreamEvent, data)
     assert got.type == "error" and got.message == "the worker went away"
 
+
+# Batch output lines ---------------------------------------------------------------------
+
+def test_response_lines_count_their_tokens_and_fill_parquet_rows() -> None:
+    body = response_body(req(input="hi"), "Paris.", "length", 12, 3)
+    line = orjson.loads(outputs.ok_line("a", body))
+    assert outputs.line_tokens(line) == outputs.Tokens(12, 3)
+    row = outputs.parquet_row(RESPONSES, line)
+    assert (row["content"], row["finish_reason"], row["prompt_tokens"],
+            row["completion_tokens"], row["status_code"]) == ("Paris.", "length", 12, 3, 200)
+    assert outputs.parquet_schema(RESPONSES).names == outputs.GENERATION_SCHEMA.names
+    err = orjson.loads(outputs.invalid_request_line("b", "input: bad", param="input"))
+    assert outputs.parquet_row(RESPONSES, err)["error_message"] == "input: bad"
