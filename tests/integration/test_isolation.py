@@ -60,6 +60,7 @@ NOT_PROJECT_OBJECTS = {
     ("POST", "/v1/organization/models/<name>/rollout"): "models are the service's",
     ("POST", "/v1/organization/models/<name>/versions/<version>/pool"):
         "models are the service's",
+    ("DELETE", "/v1/organization/models/<name>/versions/<version>"): "models are the service's",
     ("GET", "/dashboard/static/<path:asset>"): "the dashboard's own files, the same for all",
     # The admin key administers every project: a project id is its own scope.
     ("GET", f"{ORG}/<project_id>"): "the project itself",

@@ -179,8 +179,10 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
         chat = stored[ids[0]]
         assert chat["temperature"] == 0.0 and isinstance(chat["temperature"], float)
         assert (chat["top_p"], chat["stream"]) == (1.0, False)
-        assert "frequency_penalty" not in chat and "n" not in chat
-        assert "presence_penalty" not in stored[ids[1]]
+        # served parameters are kept, in their types: an int stays an int, a penalty a float
+        assert (chat["n"], chat["frequency_penalty"]) == (1, 0.0)
+        assert isinstance(chat["n"], int) and isinstance(chat["frequency_penalty"], float)
+        assert stored[ids[1]]["presence_penalty"] == 0.0
         assert stored[ids[2]]["dimensions"] == 8
         for keep in (False, True):
             got = c.post("/v1/webhook_callback_secret",

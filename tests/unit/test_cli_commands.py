@@ -179,11 +179,6 @@ def jsonl(tmp_path: Path) -> Path:
     return path
 
 
-def test_model_on_a_jsonl_input_is_refused(run, jsonl: Path) -> None:  # type: ignore[no-untyped-def]
-    one_line(run("submit", str(jsonl), "--model", MODEL), "--model", "Parquet inputs only",
-             code=2)
-
-
 def test_parquet_detection_comes_from_storage(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
