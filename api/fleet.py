@@ -66,6 +66,7 @@ class ModelAdd(BaseModel):
     kind: Literal["embeddings", "chat", "completions"]
     source: str = Field(min_length=1, max_length=512)
     precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
     default: bool = False
     allow_pickle: bool = False
 
@@ -76,7 +77,7 @@ def add() -> Any:
     ctx = context()
     body = parse_model(ModelAdd, json_body())
     folders.add(ctx, body.name, body.source, body.kind, body.version, body.precision,
-                body.default, body.allow_pickle)
+                body.default, body.allow_pickle, body.engine)
     return rollout.status(ctx, body.name)
 
 

@@ -271,8 +271,10 @@ class JobObject(Out):
 class VersionResidency(Out):
     version: str
     precision: str
+    engine: str
     traffic_weight: float
     resident_on: list[str]
+    engines_in_use: list[str]
 
 
 class ModelObject(Out):
@@ -283,8 +285,10 @@ class ModelObject(Out):
     version: str
     kind: str
     precision: str
+    engine: str
     context_length: int | None
     resident_on: list[str]
+    engines_in_use: list[str]
     versions: list[VersionResidency]
 
 
@@ -292,6 +296,7 @@ class RolloutVersion(Out):
     version: str
     default: bool
     precision: str
+    engine: str
     traffic_weight: float
     shadow_share: float
     min_resident: int

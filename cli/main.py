@@ -249,12 +249,15 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
 @click.option("--version", "version", help="the version's name (default: the next number)")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16", "int8"]),
               default="fp32", show_default=True, help="bf16/fp16: GPU workers; int8: CPU workers")
+@click.option("--engine", type=click.Choice(["auto", "transformers", "vllm"]), default="auto",
+              show_default=True, help="the generation engine; auto: vLLM where the worker "
+              "has it and it serves the architecture, else transformers")
 @click.option("--default", "make_default", is_flag=True,
               help="serve it under the bare NAME from now on (a name's first version is)")
 @click.option("--allow-pickle", is_flag=True,
               help="publish pickled weights (.bin, .pt): loading them runs their code")
 def models_add(name: str, path: str, kind: str, version: str | None, precision: str,
-               make_default: bool, allow_pickle: bool) -> None:
+               engine: str, make_default: bool, allow_pickle: bool) -> None:
     """Publish your own model as a version of NAME: PATH is a local folder or an
     object-store URI s3://bucket/prefix/ (read with this deployment's object-store
     credentials). The folder is checked first; nothing is uploaded if it is refused."""
@@ -266,7 +269,7 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     try:
         t0 = time.perf_counter()
         added = folders.add(ctx, name, path, kind, version, precision, make_default,
-                            allow_pickle)
+                            allow_pickle, engine)
     except InferqError as e:
         raise click.ClickException(e.message) from None
     finally:
@@ -274,7 +277,8 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     from jobs import registry
 
     m = added.model
-    click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, context "
+    click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, engine "
+               f"{m.engine}, context "
                f"{m.context_length}, {len(m.files)} files, "
                f"{registry.total_bytes(m) / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s"
                f"{'; the default' if m.is_default else ''}")
@@ -326,14 +330,15 @@ def models_list() -> None:
         return
     canary = {n: sum(m.traffic_weight for m in rows if m.name == n and not m.is_default)
               for n in {m.name for m in rows}}
-    click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'PRECISION':<9} {'CONTEXT':>7} "
+    click.echo(f"  {'NAME':<28} {'VERSION':<8} {'KIND':<11} {'PRECISION':<9} {'ENGINE':<12} "
+               f"{'CONTEXT':>7} "
                f"{'SIZE':>10} {'TRAFFIC':>7} {'LOADS':>5}  RESIDENT ON")
     for m in rows:
         ref = registry.ref(m.name, m.version)
         share = max(0.0, 1 - canary[m.name]) if m.is_default else m.traffic_weight
         traffic = f"{share:.0%}" + (f"+{m.shadow_share:.0%}s" if m.shadow_share else "")
         click.echo(f"{'*' if m.is_default else ' '} {m.name:<28} {m.version:<8} {m.kind:<11} "
-                   f"{m.precision:<9} {m.context_length:>7} "
+                   f"{m.precision:<9} {m.engine:<12} {m.context_length:>7} "
                    f"{registry.total_bytes(m) / 1e6:>8.1f}MB {traffic:>7} "
                    f"{sum(loads.get(ref, {}).values()):>5}  "
                    f"{', '.join(where.get(ref, [])) or '-'}")

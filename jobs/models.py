@@ -290,6 +290,8 @@ class Model(Base):
     context_length: Mapped[int] = mapped_column(Integer)
     # The numeric precision a worker loads the weights in (jobs.registry.PRECISIONS).
     precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
+    # The generation engine it runs on (jobs.registry.ENGINES): auto, transformers, vllm.
+    engine: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     # Rollout (jobs.rollout): the share of the name's realtime requests and jobs this
     # (non-default) version takes, and the share of the default's it is shadowed with.

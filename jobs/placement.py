@@ -284,6 +284,15 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
     return sent
 
 
+def engines(r: redis.Redis) -> dict[str, list[str]]:
+    """ref -> the generation engines live workers run it on (those that loaded it)."""
+    out: dict[str, set[str]] = {}
+    for b in model_workers(r):
+        for ref, engine in (b.get("engines") or {}).items():
+            out.setdefault(str(ref), set()).add(str(engine))
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def where(r: redis.Redis) -> dict[str, list[str]]:
     """ref -> the live workers holding it (for /v1/models and ``inferq models list``)."""
     out: dict[str, list[str]] = {}

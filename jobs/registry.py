@@ -50,6 +50,11 @@ KINDS = (EMBEDDINGS_KIND, CHAT_KIND, COMPLETIONS_KIND)
 # GPU; int8 (dynamic quantization of the linear layers) on a CPU.
 FP32 = "fp32"
 PRECISIONS = (FP32, "bf16", "fp16", "int8")
+# The engine a generation version runs on (workers.engines): vLLM's, inferq's own over
+# transformers, or auto (vLLM where the worker has it and it serves the architecture and
+# precision, else transformers). Embeddings run on their own engine whatever it says.
+AUTO, TRANSFORMERS, VLLM = "auto", "transformers", "vllm"
+ENGINES = (AUTO, TRANSFORMERS, VLLM)
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Registrations made by this process: a snapshot of the registry read before the
 # latest one (jobs.catalog's cache) is stale.
@@ -203,7 +208,7 @@ def total_bytes(model: Model) -> int:
 def register(ctx: Context, name: str, version: str, kind: str, source: str,
              files: list[dict[str, Any]], context_length: int, owned_by: str = "inferq",
              object_prefix: str | None = None, precision: str = FP32,
-             default: str = "newest") -> Model:
+             default: str = "newest", engine: str = AUTO) -> Model:
     """Insert or update (name, version); then the name's default is, by ``default``:
     ``newest``, its newest fp32 version (a version in another precision is never the
     default by being newer); ``this``, this version; ``keep``, the default it has (this
@@ -219,6 +224,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
         raise ValueError(f"invalid model kind {kind!r} (one of {', '.join(KINDS)})")
     if precision not in PRECISIONS:
         raise ValueError(f"invalid precision {precision!r} (one of {', '.join(PRECISIONS)})")
+    if engine not in ENGINES:
+        raise ValueError(f"invalid engine {engine!r} (one of {', '.join(ENGINES)})")
     if context_length <= 0:
         raise ValueError("context_length must be positive")
     for f in files:
@@ -228,7 +235,7 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
     values = {"kind": kind, "source": source,
               "object_prefix": object_prefix or keys.model_prefix(name, version),
               "files": clean, "context_length": int(context_length), "owned_by": owned_by,
-              "precision": precision}
+              "precision": precision, "engine": engine}
     with ctx.db.session() as s:
         s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
         s.execute(pg_insert(Model)
@@ -268,7 +275,7 @@ def derive(ctx: Context, name: str, base_version: str, version: str, precision: 
     return register(ctx, name, version, base.kind, f"{base.source} ({precision} of "
                     f"{base_version})", base.files, base.context_length, base.owned_by,
                     object_prefix=base.object_prefix, precision=precision,
-                    default="this" if make_default else "keep")
+                    default="this" if make_default else "keep", engine=base.engine)
 
 
 def set_default(ctx: Context, name: str, version: str) -> Model:
@@ -278,7 +285,7 @@ def set_default(ctx: Context, name: str, version: str) -> Model:
         raise ValueError(f"{name} has no version {version!r}")
     return register(ctx, name, version, m.kind, m.source, m.files, m.context_length,
                     m.owned_by, object_prefix=m.object_prefix, precision=m.precision,
-                    default="this")
+                    default="this", engine=m.engine)
 
 
 # Rollouts and warm pools -------------------------------------------------------------------
@@ -415,9 +422,9 @@ def manifest(src: Path) -> list[dict[str, Any]]:
 
 def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
                 context_length: int, owned_by: str = "inferq", reupload: bool = False,
-                precision: str = FP32, default: str = "newest") -> Model:
-    """Upload a model directory into the repository, then register it (``precision`` and
-    ``default`` as ``register`` takes them).
+                precision: str = FP32, default: str = "newest", engine: str = AUTO) -> Model:
+    """Upload a model directory into the repository, then register it (``precision``,
+    ``default`` and ``engine`` as ``register`` takes them).
 
     The files go first and their manifest last (``keys.model_manifest``). A store
     that already holds this version with the same manifest is complete, so its
@@ -445,7 +452,7 @@ def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, s
                 ctx.store.delete(key)
         ctx.store.put_bytes(record, listing)
     return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix,
-                    precision=precision, default=default)
+                    precision=precision, default=default, engine=engine)
 
 
 def _stored_manifest(ctx: Context, record: str) -> bytes | None:

@@ -150,6 +150,7 @@ def status(ctx: Context, name: str) -> dict[str, Any]:
     canary = sum(m.traffic_weight for m in versions if not m.is_default)
     return {"object": "model.rollout", "name": name, "versions": [{
         "version": m.version, "default": m.is_default, "precision": m.precision,
+        "engine": m.engine,
         "traffic_weight": round(max(0.0, 1.0 - canary), 6) if m.is_default
         else m.traffic_weight, "shadow_share": m.shadow_share,
         "min_resident": m.min_resident, "idle_unload_s": m.idle_unload_s,

@@ -99,6 +99,15 @@ class Settings(BaseSettings):
     batch_prefill_tokens: int = Field(default=4096, ge=1)
     realtime_quiet_s: float = Field(default=300.0, ge=0)
     prefix_cache_mb: int = 256  # key/value state of shared prompt prefixes (0: off)
+    # The engine this worker runs a version registered with engine "auto" on: vllm where
+    # vLLM is installed and serves the version's architecture and precision, or always
+    # transformers. A version registered with an engine runs on that one.
+    auto_engine: Literal["vllm", "transformers"] = "vllm"
+    # The vLLM engine (workers.engines.vllm): its key/value cache per loaded version, and
+    # eager execution (auto: eager on CPUs, where compiling costs a minute a load; CUDA
+    # graphs on GPUs).
+    vllm_kv_cache_mb: int = Field(default=1024, ge=16)
+    vllm_eager: Literal["auto", "always", "never"] = "auto"
     torch_threads: int = 0  # 0: torch's default
     # The device the model runs on: auto (torch: CUDA when present, else the CPU) or
     # simulated (workers/runtime/simulated.py: no torch, the forward pass sleeps for the

@@ -103,6 +103,7 @@ class Usage:
     # Its share of the engine steps it took part in: each step's time split among the
     # step's sequences by their tokens in it (a prefill's length, 1 for a decode).
     accelerator_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens taken from the engine's prefix cache
 
 
 @dataclass
@@ -172,6 +173,7 @@ class GenStats:
 
 
 class GenerationEngine:
+    name = "transformers"
     def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
                  max_prefill_tokens: int = 4096,
                  on_step: Callable[[int, float], None] | None = None,
@@ -843,7 +845,8 @@ class _Fan:
         used = [b.usage for b in self.branches if b.usage is not None]
         return Usage(len(self.req.prompt), sum(u.completion_tokens for u in used),
                      max((u.batch_rows for u in used), default=0),
-                     sum(u.accelerator_s for u in used))
+                     sum(u.accelerator_s for u in used),
+                     max((u.cached_tokens for u in used), default=0))
 
     def _check(self) -> None:
         if self.failed or self.over or not all(b.settled for b in self.branches):
@@ -863,12 +866,19 @@ class _Fan:
         self.sink.finish(FinishReason(chosen[0].held.reason), self.usage())
 
 
+class Scored(Protocol):
+    """What ``best_of``'s ranking reads of a branch's sequence, on either engine."""
+
+    logprob_sum: float
+    generated: list[int]
+
+
 class _Branch:
     """The sink of one sequence of a ``_Fan``."""
 
     def __init__(self, fan: _Fan, index: int) -> None:
         self.fan, self.index = fan, index
-        self.seq: _Seq | None = None
+        self.seq: Scored | None = None
         self.began = self.settled = False
         self.usage: Usage | None = None
         self.held = Choice(index)  # its choice so far (the ranked are replayed from it)
@@ -973,10 +983,9 @@ def prompt_scores(model: ChatModel, ids: list[int], chunk: int = 128
         x = torch.tensor([part], dtype=torch.long, device=model.device)
         pos = torch.arange(start, start + len(part), device=model.device).unsqueeze(0)
         mask = torch.ones((1, start + len(part)), dtype=torch.long, device=model.device)
-        out = model.model(input_ids=x, attention_mask=mask, position_ids=pos, cache=cache,
-                          use_cache=True)
-        cache = out.cache
-        yield start, out.logits[0].float()
+        logits, cache = model.forward(cache, input_ids=x, attention_mask=mask,
+                                      position_ids=pos)
+        yield start, logits[0].float()
 
 
 class Collect:

@@ -17,7 +17,7 @@ from jobs.requests import CHAT, ChatBody, CompletionBody, parse_generation
 from workers.runtime.token_count import template_messages
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.runtime.chat import ChatModel
+    from workers.runtime.chat import ChatTokens
 
 
 @dataclass
@@ -51,7 +51,7 @@ class GenRequest:
         return self.best_of > 1 or self.logprobs is not None or self.echo
 
 
-def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenRequest:
+def build_request(model: ChatTokens, endpoint: str, body: dict[str, Any]) -> GenRequest:
     """Validate a chat/completions body against the model (template, context window)."""
     req = parse_generation(endpoint, body)
     if endpoint == CHAT:
@@ -70,10 +70,10 @@ def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenR
                              f"{model.context_length}-token context", param="max_tokens",
                              code="context_length_exceeded")
     bias = req.token_bias()
-    if bias and (bad := sorted(t for t in bias if t >= vocab_size(model))):
+    if bias and (bad := sorted(t for t in bias if t >= model.vocab_size)):
         raise InvalidRequest(f"logit_bias: token {bad[0]} is not in this model's vocabulary "
-                             f"({vocab_size(model)} tokens: ids 0 to "
-                             f"{vocab_size(model) - 1})", param="logit_bias")
+                             f"({model.vocab_size} tokens: ids 0 to "
+                             f"{model.vocab_size - 1})", param="logit_bias")
     out = GenRequest(prompt=prompt, max_new_tokens=limit or room,
                      temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                      stop=req.stops(), presence_penalty=req.presence_penalty,
@@ -82,11 +82,3 @@ def build_request(model: ChatModel, endpoint: str, body: dict[str, Any]) -> GenR
     if isinstance(req, CompletionBody):
         out.best_of, out.echo, out.text = req.candidates(), req.echo, str(req.prompt)
     return out
-
-
-def vocab_size(model: ChatModel) -> int:
-    """The token ids the model's tokenizer has and the model scores."""
-    n = len(model.tokenizer)
-    cfg = getattr(getattr(model, "model", None), "config", None)
-    scored = getattr(cfg, "vocab_size", None)
-    return min(n, scored) if isinstance(scored, int) else n

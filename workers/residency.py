@@ -36,7 +36,7 @@ from jobs.models import Model
 
 if TYPE_CHECKING:  # torch-bound
     from workers.embedding_engine import EmbeddingEngine
-    from workers.generation import GenerationEngine
+    from workers.engines.interface import Engine
     from workers.runtime.embedding_inputs import EmbeddingInputs
 
 log = logging.getLogger("inferq.residency")
@@ -50,8 +50,8 @@ class Resident:
     bytes: int
     inputs: EmbeddingInputs | None = None  # embeddings: the model (tokenizer and passes)
     engine: EmbeddingEngine | None = None
-    chat: Callable[[], GenerationEngine] | None = None  # chat: its engine, built on first use
-    generation: GenerationEngine | None = None
+    chat: Callable[[], Engine] | None = None  # chat: its engine, built on first use
+    generation: Engine | None = None
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     served: int = 0
@@ -62,7 +62,7 @@ class Resident:
     def ref(self) -> str:
         return registry.ref(self.model.name, self.model.version)
 
-    def generator(self) -> GenerationEngine:
+    def generator(self) -> Engine:
         assert self.chat is not None
         with self.lock:
             if self.generation is None:
@@ -137,7 +137,7 @@ class Residency:
             raise ModelNotLoaded(name)
         return res
 
-    def chat(self, name: str, version: str | None = None) -> GenerationEngine:
+    def chat(self, name: str, version: str | None = None) -> Engine:
         res = self.find(name, version)
         if res.chat is None:
             raise ModelNotLoaded(name)

