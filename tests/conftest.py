@@ -163,9 +163,13 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def settings(database_url: str, redis_url: str, s3_endpoint: str,
              tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    # A version registered as auto (the builtin chat model) runs on the transformers
+    # engine here, which the failure tests drive (fault injection, bisection); the
+    # vLLM engine serves the versions registered with --engine vllm (``vllm_chat``).
     return Settings(database_url=database_url, redis_url=redis_url,
                     object_store_url=f"s3://inferq-test/run-{secrets.token_hex(4)}",
-                    data_dir=tmp_path_factory.mktemp("data"), shard_rows=400, chunk_rows=100)
+                    data_dir=tmp_path_factory.mktemp("data"), shard_rows=400, chunk_rows=100,
+                    auto_engine="transformers", vllm_kv_cache_mb=512)
 
 
 @pytest.fixture
@@ -242,6 +246,43 @@ def sdk(stack, tenant_key):  # type: ignore[no-untyped-def]
 
     return OpenAI(base_url=stack.base_url + "/v1", api_key=tenant_key,
                   _strict_response_validation=True, max_retries=0, timeout=120)
+
+
+VLLM_CHAT = "SmolLM2-135M-Instruct-vllm"
+
+
+@pytest.fixture(scope="session")
+def vllm_chat(stack, tenant_key) -> str:  # type: ignore[no-untyped-def]
+    """The builtin chat model's weights added as a model of its own on the vLLM engine,
+    as a user adds one (``inferq models add … --engine vllm``), and loaded: its name."""
+    import subprocess
+    import sys
+
+    import openai
+
+    from jobs.context import Context
+    from jobs.registry import get_default
+    from tests.integration.helpers import served
+    from workers.runtime.cache import local_dir
+
+    ctx = Context(stack.settings)
+    try:
+        if get_default(ctx, VLLM_CHAT) is None:
+            smol = get_default(ctx, "SmolLM2-135M-Instruct")
+            assert smol is not None
+            p = subprocess.run([sys.executable, "-m", "cli.main", "models", "add", VLLM_CHAT,
+                                str(local_dir(ctx, smol)), "--kind", "chat", "--engine",
+                                "vllm"], env=stack.env(), capture_output=True, text=True,
+                               timeout=300)
+            assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        ctx.close()
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=tenant_key,
+                           max_retries=0, timeout=300)
+    # the first request places it on the worker, which loads it
+    served(lambda: client.chat.completions.create(model=VLLM_CHAT, max_tokens=1, messages=[
+        {"role": "user", "content": "Hi"}]))
+    return VLLM_CHAT
 
 
 @pytest.fixture(scope="module")

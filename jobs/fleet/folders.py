@@ -62,8 +62,8 @@ from jobs.models import Model
 from storage.objects import ObjectStore, open_store
 
 KINDS = ("embeddings", "chat", "completions")
-# The registry kind (the engine) each kind of ``models add`` is served by.
-ENGINE_KIND = {"embeddings": registry.EMBEDDINGS_KIND, "chat": registry.CHAT_KIND,
+# The registry kind each kind of ``models add`` is registered as.
+REGISTRY_KIND = {"embeddings": registry.EMBEDDINGS_KIND, "chat": registry.CHAT_KIND,
                "completions": registry.COMPLETIONS_KIND}
 OWNED_BY = "organization-owner"
 VLLM_PRECISIONS = ("fp32", "bf16", "fp16")  # int8 is the transformers engine's (CPU)
@@ -564,8 +564,8 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
     if len(source) > 512:
         raise InvalidRequest("source is at most 512 characters", param="source")
     existing = registry.versions(ctx, name)
-    engine = ENGINE_KIND[kind]
-    if existing and existing[0].kind != engine:
+    served_as = REGISTRY_KIND[kind]
+    if existing and existing[0].kind != served_as:
         raise Conflict(f"the versions of {name} are {existing[0].kind} models: a version "
                        f"of it cannot be {kind}", param="kind", code="model_kind_mismatch")
     version = version or next_version(existing)
@@ -575,7 +575,7 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
     folder = open_folder(source)
     checked = check(folder, kind, allow_pickle, engine, precision)
     with local_copy(folder, Path(ctx.settings.data_dir)) as src:
-        model = registry.publish_dir(ctx, name, version, engine, folder.where, src,
+        model = registry.publish_dir(ctx, name, version, served_as, folder.where, src,
                                      checked.context_length, OWNED_BY, precision=precision,
                                      default="this" if default else "keep", engine=engine)
     return Added(model, checked.notes)

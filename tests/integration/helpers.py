@@ -67,3 +67,19 @@ def held_models(embeddings: tuple[tuple[Any, Any], ...] = (),
         held.hold(Resident(Model(name=name, version="1", kind="chat", files=[]), 0,
                            chat=build), "configured")
     return held
+
+
+def served(call: Any, timeout: float = 300) -> Any:
+    """``call()``, retried while its model is not in the API's registry snapshot yet
+    (400 model_not_found) or is being loaded by the worker it was placed on (503)."""
+    import openai
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except openai.APIStatusError as e:
+            waiting = e.status_code == 503 or e.code == "model_not_found"
+            if not waiting or time.monotonic() > deadline:
+                raise
+            time.sleep(1)

@@ -1,5 +1,7 @@
 """Chat and completions with the real SmolLM2-135M-Instruct: interactive (streamed and
-not) over the realtime lane, as batch endpoints, and as asynchronous jobs."""
+not) over the realtime lane, as batch endpoints, and as asynchronous jobs; each on both
+generation engines (``model``: the builtin on the transformers engine, and the same
+weights added with --engine vllm)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,13 @@ MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_greedy_answer_knows_paris(sdk) -> None:  # type: ignore[no-untyped-def]
-    r = sdk.chat.completions.create(model=MODEL, messages=FRANCE, temperature=0,
+@pytest.fixture(params=["transformers", "vllm"])
+def model(request) -> str:  # type: ignore[no-untyped-def]
+    return MODEL if request.param == "transformers" else request.getfixturevalue("vllm_chat")
+
+
+def test_greedy_answer_knows_paris(sdk: Any, model: str) -> None:
+    r = sdk.chat.completions.create(model=model, messages=FRANCE, temperature=0,
                                     max_tokens=24)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert "Paris" in r.choices[0].message.content
@@ -26,12 +33,12 @@ def test_greedy_answer_knows_paris(sdk) -> None:  # type: ignore[no-untyped-def]
     assert r.usage.prompt_tokens > 5 and 0 < r.usage.completion_tokens <= 24
 
 
-def test_stream_equals_non_streaming_answer(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_stream_equals_non_streaming_answer(sdk: Any, model: str) -> None:
     msgs = [{"role": "system", "content": "You are brief."},
             {"role": "user", "content": "Name three colours of the rainbow."}]
-    whole = sdk.chat.completions.create(model=MODEL, messages=msgs, temperature=0,
+    whole = sdk.chat.completions.create(model=model, messages=msgs, temperature=0,
                                         max_tokens=30)
-    chunks = list(sdk.chat.completions.create(model=MODEL, messages=msgs, temperature=0,
+    chunks = list(sdk.chat.completions.create(model=model, messages=msgs, temperature=0,
                                               max_tokens=30, stream=True,
                                               stream_options={"include_usage": True}))
     assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
@@ -46,11 +53,11 @@ def test_stream_equals_non_streaming_answer(sdk) -> None:  # type: ignore[no-unt
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
-def test_completions_and_stop_strings(sdk) -> None:  # type: ignore[no-untyped-def]
-    r = sdk.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12,
+def test_completions_and_stop_strings(sdk: Any, model: str) -> None:
+    r = sdk.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12,
                                temperature=0)
     assert r.object == "text_completion" and r.choices[0].text
-    s = sdk.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12,
+    s = sdk.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=12,
                                temperature=0, stop=[","])
     assert "," not in s.choices[0].text and s.choices[0].finish_reason == "stop"
     assert r.choices[0].text.startswith(s.choices[0].text)
@@ -61,13 +68,13 @@ def test_completions_and_stop_strings(sdk) -> None:  # type: ignore[no-untyped-d
 
     lenient = OpenAI(base_url=str(sdk.base_url), api_key=sdk.api_key, max_retries=0)
     streamed = "".join(c.choices[0].text for c in lenient.completions.create(
-        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stream=True)
+        model=model, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stream=True)
         if c.choices)
     assert streamed == r.choices[0].text
 
 
-def test_seeded_sampling_is_reproducible(sdk) -> None:  # type: ignore[no-untyped-def]
-    kw: dict[str, Any] = dict(model=MODEL, messages=FRANCE, temperature=0.9, top_p=0.9,
+def test_seeded_sampling_is_reproducible(sdk: Any, model: str) -> None:
+    kw: dict[str, Any] = dict(model=model, messages=FRANCE, temperature=0.9, top_p=0.9,
                               max_tokens=16, seed=1234)
     a = sdk.chat.completions.create(**kw).choices[0].message.content
     b = sdk.chat.completions.create(**kw).choices[0].message.content
@@ -101,14 +108,14 @@ def test_bad_generation_requests(stack, tenant_key, body: dict[str, Any], param:
     assert err["param"] == param and err["message"] and err["type"] == "invalid_request_error"
 
 
-def test_fifty_concurrent_streams_complete(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_fifty_concurrent_streams_complete(sdk: Any, model: str) -> None:
     results: dict[int, str] = {}
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
             chunks = sdk.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"Say the number {i}."}],
+                model=model, messages=[{"role": "user", "content": f"Say the number {i}."}],
                 temperature=0, max_tokens=8, stream=True)
             results[i] = "".join(c.choices[0].delta.content or "" for c in chunks
                                  if c.choices)
@@ -124,9 +131,9 @@ def test_fifty_concurrent_streams_complete(sdk) -> None:  # type: ignore[no-unty
     assert len(results) == 50 and all(results.values())
 
 
-def test_chat_batch(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_chat_batch(sdk: Any, model: str) -> None:
     rows = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": MODEL, "temperature": 0, "max_tokens": 8,
+             "body": {"model": model, "temperature": 0, "max_tokens": 8,
                       "messages": [{"role": "user", "content": f"Count to {i % 5 + 1}."}]}}
             for i in range(40)]
     b = sdk.batches.create(input_file_id=upload(sdk, jsonl(rows)).id,
@@ -140,7 +147,7 @@ def test_chat_batch(sdk) -> None:  # type: ignore[no-untyped-def]
     assert body["usage"]["completion_tokens"] <= 8
 
 
-def test_two_hundred_jobs_share_batches(stack, tenant_key) -> None:  # type: ignore[no-untyped-def]
+def test_two_hundred_jobs_share_batches(stack: Any, tenant_key: Any, model: str) -> None:
     import urllib.request
 
     def call(method: str, path: str, body: Any = None) -> Any:
@@ -152,7 +159,7 @@ def test_two_hundred_jobs_share_batches(stack, tenant_key) -> None:  # type: ign
             return json.loads(r.read())
 
     ids = [call("POST", "/v1/jobs", {"endpoint": "/v1/chat/completions", "body": {
-        "model": MODEL, "max_tokens": 4, "temperature": 0,
+        "model": model, "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": f"Hello number {i}"}]}})["id"]
         for i in range(200)]
     deadline = time.monotonic() + 600
@@ -171,7 +178,7 @@ def test_two_hundred_jobs_share_batches(stack, tenant_key) -> None:  # type: ign
                for j in done.values())
 
 
-def test_client_going_away_cancels_generation(stack, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_client_going_away_cancels_generation(stack: Any, ctx: Any, model: str) -> None:
     """Generation for a disconnected stream stops within a step. The proof is a second
     stream run to its end after the first one's cancel: the engine decodes every running
     sequence at each step, so a first stream still generating would publish between
@@ -180,7 +187,7 @@ def test_client_going_away_cancels_generation(stack, ctx) -> None:  # type: igno
 
     def story(max_tokens: int, temperature: float) -> TokenStream:
         return TokenStream(ctx.redis, "/v1/chat/completions",
-                           {"model": MODEL, "max_tokens": max_tokens,
+                           {"model": model, "max_tokens": max_tokens,
                             "temperature": temperature, "seed": 1,
                             "messages": [{"role": "user", "content": "Tell a very long story."}]},
                            first_event_s=60, idle_s=60)

@@ -33,13 +33,13 @@ from jobs.context import Context
 from jobs.models import Batch, File, Job, Model, Tenant
 from jobs.realtime import live_workers
 from storage import keys
-from tests.integration.helpers import chat_line, emb_line, jsonl, lines, upload, wait
+from tests.integration.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
 
 pytestmark = pytest.mark.slow
 
 SFX = str(int(time.time() * 1000) % 10**8)
-MINI, BERT, LLAMA, S3M, RM = (f"own-{x}-{SFX}" for x in ("minilm", "bert", "llama", "s3",
-                                                          "rm"))
+MINI, BERT, LLAMA, S3M, RM, VLL = (f"own-{x}-{SFX}" for x in ("minilm", "bert", "llama",
+                                                               "s3", "rm", "vllm"))
 CLI = [sys.executable, "-m", "cli.main"]
 BUCKET = "inferq-test"
 
@@ -94,7 +94,7 @@ def own(fstack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
         s.execute(delete(File).where(File.tenant_id == tenant_id))
         s.execute(delete(Tenant).where(Tenant.id == tenant_id))
         s.execute(delete(Model).where(Model.name.endswith(SFX)))
-    for name in (MINI, BERT, LLAMA, S3M, RM):
+    for name in (MINI, BERT, LLAMA, S3M, RM, VLL):
         ctx.store.delete_prefix(f"models/{name}/")
     catalog.invalidate(ctx)
     ctx.close()
@@ -241,6 +241,24 @@ def test_own_models_are_added_and_served(fstack: Any, fsdk: Any, workers: Any,
     np.testing.assert_allclose(vec["response"]["body"]["data"][0]["embedding"],
                                minilm.embed(minilm.tokenize(["text 1"]))[0], atol=1e-5)
 
+    # The same Llama on the vLLM engine: placed on its first request, served in realtime
+    # and as a batch, and reported on the engine it runs on.
+    out = ok(cli(fstack, "models", "add", VLL, str(own["llama"]), "--kind", "chat",
+                 "--engine", "vllm"))
+    assert out[0].startswith(f"{VLL}: version 1 registered (chat, fp32, engine vllm,")
+    on_vllm = served(lambda: fsdk.chat.completions.create(
+        model=VLL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        temperature=0))
+    assert on_vllm.model == VLL and 1 <= on_vllm.usage.completion_tokens <= 4
+    listed = fsdk.get(f"/models/{VLL}", cast_to=object)
+    assert listed["engine"] == "vllm" and listed["engines_in_use"] == ["vllm"], listed
+    assert fsdk.get(f"/models/{LLAMA}", cast_to=object)["engines_in_use"] == ["transformers"]
+    b = wait(fsdk, fsdk.batches.create(input_file_id=upload(fsdk, jsonl(
+        [chat_line(i, f"say {i}", VLL, max_tokens=3) for i in range(3)])).id,
+        endpoint="/v1/chat/completions", completion_window="24h").id, timeout=180)
+    assert b.status == "completed" and b.request_counts.completed == 3, b
+    assert all(o["response"]["body"]["model"] == VLL for o in lines(fsdk, b.output_file_id))
+
     # Retired while resident: the worker is told to unload it.
     out = ok(cli(fstack, "models", "remove", BERT, "1"))
     assert out[0].startswith(f"{BERT}: version 1 removed (") and "unloaded on" in out[0]
@@ -279,7 +297,11 @@ def test_add_from_an_object_store_uri_and_the_admin_api(fstack: Any,
     for args, words in (((str(own["llama"]), "--kind", "embeddings"),
                          ("'LlamaForCausalLM' is a causal LM, not an encoder",)),
                         ((str(own["bert"] / "absent"), "--kind", "embeddings"),
-                         ("no folder at",))):
+                         ("no folder at",)),
+                        ((str(own["bert"]), "--kind", "embeddings", "--engine", "vllm"),
+                         ("--engine vllm is for chat and completions",)),
+                        ((str(own["llama"]), "--kind", "chat", "--engine", "vllm",
+                          "--precision", "int8"), ("serves fp32, bf16, fp16", "not int8"))):
         one_line(CliRunner().invoke(main_group(), ["models", "add", S3M, *args], env=env),
                  *words)
     assert [v.version for v in registry.versions(ctx, S3M)] == ["a"]  # nothing published
@@ -295,6 +317,8 @@ def test_add_from_an_object_store_uri_and_the_admin_api(fstack: Any,
                                                                         ("b", True)]
     for bad, words in (({"source": str(own["llama"])}, "not an encoder"),
                        ({"source": f"s3://no-such-bucket-{SFX}/m/"}, "NoSuchBucket"),
+                       ({"engine": "vllm"}, "--engine vllm is for chat"),
+                       ({"engine": "tensorrt"}, "engine"),
                        ({"version": "b"}, "already registered")):
         r = admin.post("/models", json={"name": S3M, "kind": "embeddings",
                                         "source": str(own["bert"]), **bad})

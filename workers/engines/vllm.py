@@ -34,7 +34,8 @@ its share of each step's time (split among the step's requests by the tokens eac
 computed in it, its uncached prompt in its first step).
 
 vLLM is configured for this process before it is imported (``environment``): no usage
-reports and no address look-up outside the machine, and, on CPUs, no thread binding
+reports and no address look-up outside the machine, the worker's logging left as it is
+(vLLM logs through it), and, on CPUs, no thread binding
 and torch's thread count left as the worker set it (vLLM's CPU worker would pin
 threads to cores and drop torch to one thread for the whole process, where the
 embedding engine also runs).
@@ -43,14 +44,16 @@ embedding engine also runs).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import heapq
 import itertools
 import logging
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -84,7 +87,9 @@ def environment(threads: int | None = None) -> None:
     os.environ["DO_NOT_TRACK"] = "1"
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # else it asks a public address
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's own logging set-up would replace the handlers of the whole process's root
+    # logger (Celery's): its records go through the worker's logging instead.
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
     if threads is not None:  # vLLM's CPU worker keeps torch's threads only when this is set
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
@@ -205,7 +210,8 @@ class VllmEngine:
         # function that refuses; the embedding engine and torch's own callers need it.
         set_threads = torch.set_num_threads
         try:
-            self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
+            with _context_proxies_set_aside():
+                self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
             torch.set_num_threads = set_threads
 
@@ -437,6 +443,34 @@ class VllmEngine:
         for r in waiting:
             r.sink.fail(err)
         self._llm = None
+
+
+@contextlib.contextmanager
+def _context_proxies_set_aside() -> Iterator[None]:
+    """vLLM's CPU platform rebinds its kernels by reading every global of every loaded
+    module (``hasattr(value, "__dict__")``); werkzeug's context proxies (flask's
+    ``request``, ``g``, ``current_app``) raise RuntimeError there outside a request. A
+    process that has Flask loaded (tests, a worker sharing a process with the API) has
+    them set aside while the engine is built."""
+    local = sys.modules.get("werkzeug.local")
+    proxy = getattr(local, "LocalProxy", None)
+    if proxy is None:
+        yield
+        return
+    aside: list[tuple[dict[str, Any], str, Any]] = []
+    for module in list(sys.modules.values()):
+        ns = getattr(module, "__dict__", None)
+        if not isinstance(ns, dict):
+            continue
+        for k, v in list(ns.items()):
+            if type(v) is proxy:
+                aside.append((ns, k, v))
+                del ns[k]
+    try:
+        yield
+    finally:
+        for ns, k, v in aside:
+            ns[k] = v
 
 
 def _finite(v: float | None) -> float | None:
