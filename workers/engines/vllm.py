@@ -189,6 +189,12 @@ class VllmEngine:
         with self._cond:
             return len(self._live), len(self._waiting)
 
+    def clear_cache(self) -> bool:
+        """Empty vLLM's prefix cache, when nothing runs (benchmarks, between rounds)."""
+        with self._cond:
+            return not self._live and not self._waiting and bool(
+                self._llm.reset_prefix_cache())
+
     def stop(self) -> None:
         with self._cond:
             self._stop = True
@@ -214,6 +220,17 @@ class VllmEngine:
                 self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
             torch.set_num_threads = set_threads
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One token generated at load: a model vLLM loads but cannot run here (an
+        attention shape its kernels for this device lack) fails now, not on a request."""
+        from vllm import SamplingParams
+
+        self._llm.add_request("warm-up", {"prompt_token_ids": [self.model.pad_id]},
+                              SamplingParams(max_tokens=1, temperature=0))
+        while self._llm.has_unfinished_requests():
+            self._llm.step()
 
     def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> _Req:
         order = next(self._order)
