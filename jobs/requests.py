@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from jobs.errors import InvalidRequest, shown
+from jobs.protocol.structured import ResponseFormat
 
 if TYPE_CHECKING:
     from jobs.catalog import Catalog
@@ -332,6 +333,7 @@ class ChatBody(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -480,8 +482,10 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "prompt_cache_options": _refused(PROMPT_CACHE),
         "prompt_cache_retention": _refused(PROMPT_CACHE),
         "reasoning_effort": _refused("the served models do not reason"),
-        "response_format": _only("structured outputs and JSON mode are not implemented",
-                                 {"type": "text"}),
+        "response_format": _impl("`text`; `json_object` (JSON mode: one JSON object); "
+                                 "`json_schema` (structured outputs: JSON valid for its "
+                                 "`schema`, enforced token by token; a schema that cannot "
+                                 "be enforced is a 400 saying why). See Structured outputs"),
         "safety_identifier": _refused("inferq does no abuse monitoring by end user"),
         "seed": SHARED["seed"],
         "service_tier": _only("a realtime request runs in the default tier (flex is a batch "

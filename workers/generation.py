@@ -53,6 +53,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from jobs.protocol.structured import Constraint
 from jobs.usage import split
 from workers.embedding_engine import blame, is_oom, too_large
 from workers.generation_request import GenRequest
@@ -128,6 +129,9 @@ class _Seq:
     logprob_sum: float = 0.0  # of the sampled tokens, when scored (best_of's ranking)
     pending: list[TokenLogprob] = field(default_factory=list)  # not yet delivered
     text_len: int = 0  # characters of the decoded text before the last token
+    # Structured outputs: the llguidance matcher of its constraint, fed every token it
+    # generated. It stays with the sequence when it is preempted and resumes.
+    matcher: Any = None
 
     def usage(self) -> Usage:
         return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s)
@@ -214,6 +218,7 @@ class GenerationEngine:
         self._stop = False
         self._rushed = False  # the last step was a realtime prefill alone
         self._texts: TokenTexts | None = None  # token texts for log probabilities
+        self.grammars = Grammars(model)
         self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
         self._thread.start()
 
@@ -236,6 +241,8 @@ class GenerationEngine:
         s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
         if seed is not None:
             s.gen = torch.Generator().manual_seed(seed)
+        if req.constraint is not None:
+            s.matcher = self.grammars.matcher(req.constraint)
         return s
 
     def _enqueue(self, *seqs: _Seq) -> None:
@@ -631,13 +638,20 @@ class GenerationEngine:
 
     def _advance(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample one token per row, deliver text, mark finished sequences; a row that
-        cannot be sampled fails alone."""
+        cannot be sampled fails alone. Rows with a constraint first have the tokens that
+        cannot continue a valid answer masked out."""
+        if any(s.matcher is not None for s in seqs):
+            self.grammars.mask(logits, [s.matcher for s in seqs])
         picks = choose(logits, [s.req for s in seqs], [s.gen for s in seqs],
                        [s.counts for s in seqs])
         for s, pick in zip(seqs, picks, strict=True):
             s.rows = max(s.rows, len(seqs))
             if isinstance(pick, Exception):
                 self._fault(s, pick)
+                continue
+            if s.matcher is not None and not s.matcher.consume_token(pick.token):
+                self._fault(s, RuntimeError(f"the constraint refused token {pick.token}: "
+                                            f"{s.matcher.get_error()}"))
                 continue
             self.stats.tokens += 1
             by = self.stats.tokens_by_priority
@@ -659,6 +673,9 @@ class GenerationEngine:
         cut = stop_at(text, s.req.stop)
         if cut is not None:
             self._emit(s, text[:cut], final=True, cut=True)
+            return self._finish(s, FinishReason.STOP)
+        if s.matcher is not None and s.matcher.is_stopped():  # the answer is complete
+            self._emit(s, text, final=True)
             return self._finish(s, FinishReason.STOP)
         if len(s.generated) >= s.req.max_new_tokens or s.pos + 1 >= m.context_length:
             self._emit(s, text, final=True)
@@ -986,6 +1003,44 @@ def prompt_scores(model: ChatModel, ids: list[int], chunk: int = 128
         logits, cache = model.forward(cache, input_ids=x, attention_mask=mask,
                                       position_ids=pos)
         yield start, logits[0].float()
+
+
+class Grammars:
+    """Structured outputs on this engine (jobs.protocol.structured): llguidance matchers
+    over the model's tokenizer, and the mask of each step's constrained rows."""
+
+    def __init__(self, model: ChatModel) -> None:
+        self.model = model
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def matcher(self, c: Constraint) -> Any:
+        import llguidance
+
+        return llguidance.LLMatcher(self.tokenizer(), c.grammar())
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance.hf
+
+                cfg = getattr(getattr(self.model, "model", None), "config", None)
+                tok: Any = self.model.tokenizer
+                self._tokenizer = llguidance.hf.from_tokenizer(
+                    tok, n_vocab=getattr(cfg, "vocab_size", None))
+            return self._tokenizer
+
+    @staticmethod
+    def mask(logits: torch.Tensor, matchers: list[Any]) -> None:
+        """Set the scores of the tokens each row's matcher forbids to -inf, in place
+        (a row without a matcher is left as it is)."""
+        import llguidance.torch as lt
+
+        bits = lt.allocate_token_bitmask(len(matchers), logits.shape[-1])
+        for i, m in enumerate(matchers):
+            if m is not None:
+                lt.fill_next_token_bitmask(m, bits, i)
+        lt.apply_token_bitmask_inplace(logits, bits.to(logits.device))
 
 
 class Collect:

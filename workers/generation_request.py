@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobs.errors import InvalidRequest
+from jobs.protocol.structured import Constraint, constraint
 from jobs.requests import CHAT, ChatBody, CompletionBody, parse_generation
 from workers.runtime.token_count import template_messages
 
@@ -37,6 +38,8 @@ class GenRequest:
     best_of: int = 1  # sequences generated (>= n): the n of highest mean logprob return
     echo: bool = False  # completions: the prompt before each choice's text
     text: str = ""  # completions: the prompt's text (echoed; where text offsets start)
+    # What the answer must be (chat's response_format): None, any text.
+    constraint: Constraint | None = None
 
     def processed(self) -> bool:
         """Its scores are changed before sampling (penalties or bias)."""
@@ -79,6 +82,8 @@ def build_request(model: ChatTokens, endpoint: str, body: dict[str, Any]) -> Gen
                      stop=req.stops(), presence_penalty=req.presence_penalty,
                      frequency_penalty=req.frequency_penalty, logit_bias=bias,
                      logprobs=req.top_count(), n=req.n, best_of=req.n)
+    if isinstance(req, ChatBody):
+        out.constraint = constraint(req.response_format)
     if isinstance(req, CompletionBody):
         out.best_of, out.echo, out.text = req.candidates(), req.echo, str(req.prompt)
     return out

@@ -113,7 +113,8 @@ def top_of(lp: torch.Tensor, k: int) -> list[tuple[int, float]]:
     if k <= 0:
         return []
     values, ids = lp.topk(k)
-    return list(zip(ids.tolist(), values.tolist(), strict=True))
+    # a token a constraint forbids has no finite log probability: OpenAI's floor
+    return list(zip(ids.tolist(), values.clamp(min=FLOOR).tolist(), strict=True))
 
 
 def draw(scores: torch.Tensor, temperature: float, top_p: float,

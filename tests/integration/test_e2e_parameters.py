@@ -39,8 +39,11 @@ def test_chat_completions_refuse_what_they_do_not_implement(fsdk) -> None:  # ty
     chat = fsdk.chat.completions.create
     message = refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, store=True), "store")
     assert "completions are not stored" in message
-    refused(lambda: chat(model=CHAT_MODEL, messages=MSGS,
-                         response_format={"type": "json_object"}), "response_format")
+    unenforceable = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as bad:
+        chat(model=CHAT_MODEL, messages=MSGS, response_format=unenforceable)
+    assert bad.value.param == "response_format" and "cannot be enforced" in bad.value.message
     refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, tools=[
         {"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")
     refused(lambda: chat(model=CHAT_MODEL, messages=MSGS, metadata={"k": "v"}), "metadata")
@@ -133,7 +136,8 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
         return {"custom_id": i, "method": "POST", "url": "/v1/chat/completions",
                 "body": {"model": CHAT_MODEL, "messages": MSGS, **params}}
 
-    rows = [chat("json", response_format={"type": "json_object"}),
+    rows = [chat("json", response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"$ref": "#/nowhere"}}}),
             chat("store", store=True),
             chat("tools", tools=[{"type": "function", "function": {"name": "f"}}],
                  tool_choice="auto"),
@@ -145,7 +149,7 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
     assert b.request_counts is not None and b.request_counts.failed == 4
     errs = {x["custom_id"]: x["response"]["body"]["error"] for x in lines(fsdk, b.error_file_id)}
     assert {k: (e["param"], e["code"]) for k, e in errs.items()} == {
-        "json": ("response_format", "unsupported_parameter"),
+        "json": ("response_format", "invalid_request"),
         "store": ("store", "unsupported_parameter"),
         "tools": ("tools", "unsupported_parameter"),
         "metadata": ("metadata", "unsupported_parameter")}

@@ -95,8 +95,6 @@ MINIMAL = {CHAT: {"model": "m", "messages": MSGS}, COMPLETIONS: {"model": "m", "
            EMBEDDINGS: {"model": "m", "input": "hi"}, RESPONSES: {"model": "m", "input": "hi"}}
 # Values clients send for what inferq does not do (each is refused naming its parameter)
 REAL_USES: list[tuple[str, str, Any]] = [
-    (CHAT, "response_format", {"type": "json_object"}),
-    (CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
     (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
     (CHAT, "tool_choice", "auto"), (CHAT, "tool_choice", "required"),
     (CHAT, "parallel_tool_calls", False),
@@ -407,7 +405,7 @@ def test_batch_defaults_are_judged_with_the_batch() -> None:
     assert ok.body == {"model": "m", "temperature": 0, "max_tokens": 8, "logprobs": False}
     for endpoint, body, param, code in [
         (CHAT, {"model": "m", "store": True}, "body.store", "unsupported_parameter"),
-        (CHAT, {"response_format": {"type": "json_object"}}, "body.response_format",
+        (CHAT, {"parallel_tool_calls": True}, "body.parallel_tool_calls",
          "unsupported_parameter"),
         (EMBEDDINGS, {"model": "m", "temperature": 0}, "body.temperature", "unknown_parameter"),
         (COMPLETIONS, {"suffix": "!"}, "body.suffix", "unsupported_parameter"),

@@ -73,9 +73,9 @@ from workers.generation import (
 from workers.generation_request import GenRequest
 from workers.responses import TokenLogprob
 from workers.runtime.chat import ChatTokens
+from workers.sampling import FLOOR  # a token the sampler excluded (OpenAI's floor)
 
 log = logging.getLogger("inferq.vllm")
-FLOOR = -9999.0  # the log probability of a token the sampler excluded (OpenAI's floor)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions: 5)
 
@@ -206,10 +206,13 @@ class VllmEngine:
         import torch
 
         environment(torch.get_num_threads())
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
         args = dict(self._args)
+        # structured outputs by the library the API checks schemas with (llguidance)
+        args["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance")
         if args["enforce_eager"] is None:  # graphs pay off on a GPU; on CPUs they cost
             args["enforce_eager"] = not torch.cuda.is_available()  # a minute of compiling
         # vLLM's CPU worker replaces torch.set_num_threads for the whole process with a
@@ -304,17 +307,20 @@ class VllmEngine:
 
     def _params(self, r: _Req) -> Any:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         q = r.req
         logprobs = q.logprobs if q.logprobs is not None else 0 if q.scored() else None
+        structured = (None if q.constraint is None else
+                      StructuredOutputsParams(json=q.constraint.schema))
         return SamplingParams(
             n=1, temperature=q.temperature, top_p=q.top_p, seed=r.seed,
             stop=list(q.stop) or None, max_tokens=q.max_new_tokens,
             presence_penalty=q.presence_penalty, frequency_penalty=q.frequency_penalty,
             logit_bias=dict(q.logit_bias) or None, logprobs=logprobs,
             prompt_logprobs=q.logprobs if q.echo and q.logprobs is not None else None,
-            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
+            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True,
+            structured_outputs=structured)
 
     def _step(self) -> None:
         t0 = time.perf_counter()

@@ -1,0 +1,104 @@
+"""Structured outputs: ``response_format`` (chat) as the grammar every engine enforces.
+
+``{"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}``
+constrains the answer to JSON valid for ``schema``; ``{"type": "json_object"}`` to one JSON
+object; ``{"type": "text"}`` is the default (no constraint). Both engines enforce it with
+llguidance, by masking the tokens that cannot continue a valid answer at each step: the
+transformers engine through its own matcher per sequence (``workers.generation``), vLLM
+through its guidance backend. The same library checks a schema here, where the request
+is parsed (the API, batch validation; llguidance needs no torch): a schema it cannot
+compile is a 400 that says why, before anything runs. An answer cut by ``max_tokens``
+ends with ``finish_reason: "length"`` and may be incomplete JSON, as at OpenAI.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}  # JSON mode: any object
+
+
+class JsonSchema(BaseModel):
+    model_config = STRICT
+
+    name: str
+    description: str | None = None
+    # "schema" shadows a BaseModel attribute in pydantic: kept under another name
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME.fullmatch(v):
+            raise ValueError("name: letters, digits, '_' and '-', at most 64 characters")
+        return v
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _enforceable(self) -> ResponseFormat:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("json_schema: required when type is 'json_schema'")
+            problem = compile_error(self.answer_schema() or {})
+            if problem:
+                raise ValueError(f"json_schema.schema: the schema cannot be enforced: "
+                                 f"{problem}")
+        elif self.json_schema is not None:
+            raise ValueError(f"json_schema: only with type 'json_schema', not {self.type!r}")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must satisfy (None: plain text)."""
+        if self.type == "json_object":
+            return ANY_OBJECT
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return self.json_schema.schema_ or {}
+        return None
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a generation request's answer must be, as the engines take it."""
+
+    schema: dict[str, Any]
+    json_object: bool = False  # any JSON object (JSON mode)
+
+    def grammar(self) -> str:
+        """llguidance's grammar for it."""
+        import llguidance
+
+        return str(llguidance.grammar_from("json_schema", orjson.dumps(self.schema).decode()))
+
+
+def constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    schema = fmt.answer_schema() if fmt is not None else None
+    if schema is None:
+        return None
+    assert fmt is not None
+    return Constraint(schema, fmt.type == "json_object")
+
+
+def compile_error(schema: dict[str, Any]) -> str:
+    """Why llguidance cannot enforce ``schema`` ("" when it can)."""
+    import llguidance
+
+    try:
+        grammar = llguidance.grammar_from("json_schema", orjson.dumps(schema).decode())
+        return str(llguidance.LLMatcher.validate_grammar(grammar))
+    except (ValueError, TypeError, RuntimeError, orjson.JSONEncodeError) as e:
+        return str(e) or type(e).__name__
