@@ -42,7 +42,8 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_upload_memory.py test_private_services.py test_fair_share.py test_usage.py \
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
 	test_metrics.py test_tracing.py test_admission.py test_supervision.py test_simulated_fleet.py \
-	test_model_fleet.py test_poison_rows.py test_own_models.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py)
+	test_model_fleet.py test_poison_rows.py test_own_models.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py \
+	test_e2e_structured.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: $(STAMP) $(CHROMIUM)

@@ -285,6 +285,15 @@ def vllm_chat(stack, tenant_key) -> str:  # type: ignore[no-untyped-def]
     return VLLM_CHAT
 
 
+@pytest.fixture(params=["transformers", "vllm"])
+def engine_model(request) -> str:  # type: ignore[no-untyped-def]
+    """The builtin chat model on each generation engine: its own name (the session's
+    workers run it on the transformers engine), and the same weights on vLLM."""
+    if request.param == "transformers":
+        return "SmolLM2-135M-Instruct"
+    return str(request.getfixturevalue("vllm_chat"))
+
+
 @pytest.fixture(scope="module")
 def minilm():  # type: ignore[no-untyped-def]
     """The packaged all-MiniLM-L6-v2, loaded in this process (tests that play the worker)."""

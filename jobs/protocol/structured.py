@@ -26,7 +26,8 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}  # JSON mode: any object
 
 
 class JsonSchema(BaseModel):
-    model_config = STRICT
+    # (bodies are dumped and sent on to the workers: under the name clients use)
+    model_config = ConfigDict(extra="forbid", strict=True, serialize_by_alias=True)
 
     name: str
     description: str | None = None

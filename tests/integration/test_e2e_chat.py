@@ -19,9 +19,9 @@ MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(params=["transformers", "vllm"])
-def model(request) -> str:  # type: ignore[no-untyped-def]
-    return MODEL if request.param == "transformers" else request.getfixturevalue("vllm_chat")
+@pytest.fixture
+def model(engine_model: str) -> str:
+    return engine_model
 
 
 def test_greedy_answer_knows_paris(sdk: Any, model: str) -> None:

@@ -129,3 +129,16 @@ def test_schemas_that_cannot_be_enforced_are_refused(bad: dict[str, Any], words:
                                 "response_format": bad})
     assert e.value.status == 400 and words in e.value.message, e.value.message
     assert (e.value.param or "").startswith("response_format")
+
+
+def test_a_parsed_body_reads_back_as_sent() -> None:
+    """Parsed bodies are dumped and sent on to the workers: the schema keeps its name."""
+    body = {"model": SMOL, "messages": [{"role": "user", "content": "x"}],
+            "response_format": fmt()}
+    req = parse_generation(CHAT, body)
+    for dumped in (req.model_dump(exclude_none=True),
+                   req.model_dump(mode="json", exclude_unset=True)):
+        assert dumped["response_format"] == fmt()
+        again = parse_generation(CHAT, dumped)
+        assert again.response_format is not None
+        assert again.response_format.answer_schema() == REVIEW
