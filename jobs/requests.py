@@ -37,7 +37,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from jobs.errors import InvalidRequest, shown
-from jobs.protocol.structured import ResponseFormat
+from jobs.protocol.structured import ResponseFormat, TextFormat
 
 if TYPE_CHECKING:
     from jobs.catalog import Catalog
@@ -743,9 +743,11 @@ class InputItem(BaseModel):
 
 
 class TextConfig(BaseModel):
-    """``text``: its ``format`` is taken only as ``{"type": "text"}`` (TEXT_CONFIG)."""
+    """``text``: its ``format``, chat's ``response_format`` (TEXT_CONFIG)."""
 
     model_config = BODY
+
+    format: TextFormat | None = None
 
 
 class ResponseStreamOptions(BaseModel):
@@ -814,6 +816,10 @@ def chat_body(req: ResponsesBody) -> dict[str, Any]:
         body["max_tokens"] = req.max_output_tokens
     if req.user is not None:
         body["user"] = req.user
+    if req.text is not None and req.text.format is not None and \
+            req.text.format.type != "text":
+        body["response_format"] = req.text.format.response_format().model_dump(
+            exclude_none=True)
     return body
 
 
@@ -902,8 +908,9 @@ PART_TYPE_FIELDS: dict[str, tuple[str, ...]] = {
     "output_text": ("annotations", "text", "type", "logprobs"),
 }
 TEXT_CONFIG: dict[str, Param] = {
-    "format": _only("structured outputs (`json_schema`) and JSON mode (`json_object`) are "
-                    "not implemented", {"type": "text"}),
+    "format": _impl("`text`; `json_object`; `json_schema` (`name`, `schema`, `strict`, "
+                    "`description`): structured outputs as chat's `response_format` (see "
+                    "Structured outputs)"),
     "verbosity": _refused("verbosity control is not implemented"),
 }
 RESPONSE_STREAM_OPTIONS: dict[str, Param] = {

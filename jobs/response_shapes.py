@@ -66,10 +66,17 @@ def response_object(req: ResponsesBody, *, rid: str, created_at: int, status: st
         "prompt": None, "prompt_cache_key": None, "prompt_cache_retention": None,
         "reasoning": {"effort": None, "summary": None}, "safety_identifier": None,
         "service_tier": "default", "store": False, "temperature": req.temperature,
-        "text": {"format": {"type": "text"}, "verbosity": None}, "tool_choice": "none",
+        "text": {"format": text_format(req), "verbosity": None}, "tool_choice": "none",
         "tools": [], "top_logprobs": 0, "top_p": req.top_p, "truncation": "disabled",
         "usage": use, "user": req.user,
     }
+
+
+def text_format(req: ResponsesBody) -> dict[str, Any]:
+    """The request's ``text.format`` as the Response echoes it."""
+    if req.text is None or req.text.format is None:
+        return {"type": "text"}
+    return req.text.format.model_dump(exclude_none=True)
 
 
 def response_body(req: ResponsesBody, text: str, finish_reason: str, prompt_tokens: int,

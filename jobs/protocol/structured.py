@@ -72,6 +72,40 @@ class ResponseFormat(BaseModel):
         return None
 
 
+class TextFormat(BaseModel):
+    """The Responses API's ``text.format``: chat's ``response_format`` flattened
+    (``{"type": "json_schema", "name", "schema", "strict"?, "description"?}``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, serialize_by_alias=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _as_chat(self) -> TextFormat:
+        if self.type == "json_schema":
+            if self.name is None or self.schema_ is None:
+                raise ValueError("format: name and schema are required when type is "
+                                 "'json_schema'")
+        elif any(v is not None for v in (self.name, self.schema_, self.strict,
+                                         self.description)):
+            raise ValueError(f"format: name, schema, strict and description are for type "
+                             f"'json_schema', not {self.type!r}")
+        self.response_format()  # the same checks as chat's
+        return self
+
+    def response_format(self) -> ResponseFormat:
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        return ResponseFormat.model_validate({"type": "json_schema", "json_schema": {
+            k: v for k, v in (("name", self.name), ("schema", self.schema_),
+                              ("strict", self.strict), ("description", self.description))
+            if v is not None}})
+
+
 @dataclass(frozen=True)
 class Constraint:
     """What a generation request's answer must be, as the engines take it."""

@@ -104,10 +104,6 @@ def test_what_it_does_not_implement_is_refused_naming_it(sdk) -> None:  # type: 
     refused(lambda: create(model=MODEL, input="hi", store=True), "store")
     refused(lambda: create(model=MODEL, input="hi", previous_response_id="resp_x"),
             "previous_response_id")
-    refused(lambda: create(model=MODEL, input="hi", text={"format": {"type": "json_object"}}),
-            "text.format")
-    refused(lambda: create(model=MODEL, input="hi", text={"format": {
-        "type": "json_schema", "name": "x", "schema": {"type": "object"}}}), "text.format")
     refused(lambda: create(model=MODEL, input="hi", tools=[
         {"type": "function", "name": "f", "parameters": {}, "strict": True}]), "tools")
     refused(lambda: create(model=MODEL, input="hi", reasoning={"effort": "low"}), "reasoning")

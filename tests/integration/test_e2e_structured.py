@@ -75,3 +75,17 @@ def test_realtime_plain_streamed_and_json_mode(sdk: Any, engine_model: str) -> N
         sdk.chat.completions.create(model=engine_model, messages=messages(3), response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/no"}}})
     assert e.value.param == "response_format" and "cannot be enforced" in e.value.message
+
+
+def test_responses_text_format(sdk: Any, engine_model: str) -> None:
+    fmt = {"format": {"type": "json_schema", "name": "review", "schema": SCHEMA,
+                      "strict": True}}
+    r = sdk.responses.create(model=engine_model, instructions="Extract the review as JSON.",
+                             input=review(4), temperature=0, max_output_tokens=80, text=fmt)
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(r.output_text), SCHEMA)
+    with sdk.responses.stream(model=engine_model, instructions="Extract the review as JSON.",
+                              input=review(4), temperature=0, max_output_tokens=80,
+                              text=fmt) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == r.output_text

@@ -452,11 +452,6 @@ USER_ITEM = {"role": "user", "content": "hi"}
     (responses({"role": "user", "content": [{"type": "input_text", "text": "a",
                                              "annotations": []}]}),
      "input.0.content.0.annotations", "unknown_parameter"),  # not an input_text's field
-    (responses(USER_ITEM, text={"format": {"type": "json_object"}}), "text.format",
-     "unsupported_parameter"),
-    (responses(USER_ITEM, text={"format": {"type": "json_schema", "name": "x",
-                                           "schema": {}}}), "text.format",
-     "unsupported_parameter"),
     (responses(USER_ITEM, text={"verbosity": "low"}), "text.verbosity",
      "unsupported_parameter"),
     (responses(USER_ITEM, stream=True, stream_options={"include_obfuscation": True}),

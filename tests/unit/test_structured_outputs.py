@@ -142,3 +142,33 @@ def test_a_parsed_body_reads_back_as_sent() -> None:
         again = parse_generation(CHAT, dumped)
         assert again.response_format is not None
         assert again.response_format.answer_schema() == REVIEW
+
+
+def test_responses_text_format_runs_as_chats_response_format() -> None:
+    from openai.types.responses import Response
+
+    from jobs.requests import RESPONSES, as_chat, parse_responses, supported
+    from jobs.response_shapes import response_body
+
+    text = {"format": {"type": "json_schema", "name": "review", "schema": REVIEW,
+                       "strict": True}}
+    body = supported(RESPONSES, {"model": SMOL, "input": "x", "text": text})
+    endpoint, chat = as_chat(RESPONSES, body)
+    assert endpoint == CHAT and chat["response_format"] == fmt()
+    assert parse_generation(CHAT, chat).response_format is not None
+    answer = response_body(parse_responses(body), '{"a": 1}', "stop", 5, 3)
+    assert answer["text"]["format"] == text["format"]
+    Response.model_validate(answer)
+    plain = response_body(parse_responses({"model": SMOL, "input": "x"}), "hi", "stop", 1, 1)
+    assert plain["text"]["format"] == {"type": "text"}
+    mode = supported(RESPONSES, {"model": SMOL, "input": "x",
+                                 "text": {"format": {"type": "json_object"}}})
+    assert as_chat(RESPONSES, mode)[1]["response_format"] == {"type": "json_object"}
+    for bad, words in (({"type": "json_schema", "schema": REVIEW}, "name and schema"),
+                       ({"type": "json_schema", "name": "x", "schema": {"$ref": "#/no"}},
+                        "cannot be enforced"),
+                       ({"type": "text", "name": "x"}, "are for type 'json_schema'")):
+        with pytest.raises(InvalidRequest) as e:
+            parse_responses(supported(RESPONSES, {"model": SMOL, "input": "x",
+                                                  "text": {"format": bad}}))
+        assert words in e.value.message and (e.value.param or "").startswith("text")
