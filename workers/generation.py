@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
@@ -226,16 +226,8 @@ class GenerationEngine:
         """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
         if priority == 0:
             self._realtime_at = self._clock()
-        if not req.fans():
-            self._enqueue(self._new(req, sink, priority, req.seed))
-            return
-        fan = _Fan(cast(ChoiceSink, sink), req)
-        seqs = []
-        for b in fan.branches:
-            b.seq = self._new(req, b, priority,
-                              None if req.seed is None else req.seed + b.index)
-            seqs.append(b.seq)
-        self._enqueue(*seqs)  # together: admitted in one step where they fit
+        # together: admitted in one step where they fit
+        self._enqueue(*sequences(req, sink, lambda s, seed: self._new(req, s, priority, seed)))
 
     def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> _Seq:
         s = _Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
@@ -807,6 +799,24 @@ class GenerationEngine:
         else:  # masked out, so that columns only holes used can be trimmed
             self._kv.clear(holes)
             self._kv = self._kv.trim()
+
+
+S = TypeVar("S", bound="Scored")
+
+
+def sequences(req: GenRequest, sink: Sink, new: Callable[[Sink, int | None], S]) -> list[S]:
+    """The sequences ``req`` runs as, each made by ``new(its sink, its seed)``: one, or
+    when it fans out its ``best_of``, each with a branch of a ``_Fan`` as its sink and
+    seeded seed + i (either engine)."""
+    if not req.fans():
+        return [new(sink, req.seed)]
+    fan = _Fan(cast(ChoiceSink, sink), req)
+    out = []
+    for b in fan.branches:
+        seq = new(b, None if req.seed is None else req.seed + b.index)
+        b.seq = seq
+        out.append(seq)
+    return out
 
 
 class _Fan:

@@ -56,19 +56,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from jobs.errors import InvalidRequest
 from jobs.usage import split
 from workers.generation import (
-    ChoiceSink,
     FinishReason,
     GenStats,
     Sink,
     TokenTexts,
     Usage,
     _Branch,
-    _Fan,
+    sequences,
 )
 from workers.generation_request import GenRequest
 from workers.responses import TokenLogprob
@@ -173,16 +172,7 @@ class VllmEngine:
     # The interface -------------------------------------------------------------------------
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
         """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
-        if not req.fans():
-            self._enqueue(self._new(req, sink, priority, req.seed))
-            return
-        fan = _Fan(cast(ChoiceSink, sink), req)
-        seqs = []
-        for b in fan.branches:
-            r = self._new(req, b, priority, None if req.seed is None else req.seed + b.index)
-            b.seq = r
-            seqs.append(r)
-        self._enqueue(*seqs)
+        self._enqueue(*sequences(req, sink, lambda s, seed: self._new(req, s, priority, seed)))
 
     def load(self) -> tuple[int, int]:
         """(running, waiting) sequences."""
