@@ -5,7 +5,10 @@ Workloads (seed 0, built from bench.workload topics):
 - ``uniform``: 1-4 sentence chat prompts, 32 new tokens each (the earlier benchmark);
 - ``mixed``: 1-12 sentence prompts, max_tokens drawn from 8/16/32/64/128, stop at EOS;
 - ``shared``: every row has the same ~300-token system prompt, a one-sentence
-  question, max_tokens drawn from 16/32/64.
+  question, max_tokens drawn from 16/32/64;
+- ``json``: the ``mixed`` rows, each answer constrained to a JSON schema (an enum, a
+  number, a string and a nested object: structured outputs), judged by its tokens/s
+  against ``mixed``'s on the same side in the same run (constrained ÷ free).
 
 Sides:
 - ``engine``: inferq's engine as workers run it (prefix cache; no realtime rows here,
@@ -79,14 +82,24 @@ def system_prompt(tokens: Callable[[str], int], target: int = 300) -> str:
 class Row:
     ids: list[int]
     max_tokens: int
+    schema: dict[str, Any] | None = None  # structured outputs: the answer's JSON schema
+
+
+SCHEMA = {"type": "object", "properties": {
+    "label": {"type": "string", "enum": ["news", "opinion", "question", "other"]},
+    "confidence": {"type": "number"}, "summary": {"type": "string"},
+    "about": {"type": "object", "properties": {"topic": {"type": "string"}},
+              "required": ["topic"], "additionalProperties": False}},
+    "required": ["label", "confidence", "summary", "about"], "additionalProperties": False}
 
 
 def workload(name: str, n: int, model: Any) -> list[Row]:
     rng = random.Random(7)
     if name == "uniform":
         return [Row(model.chat_ids(m), 32) for m in prompts(n)]
-    if name == "mixed":
-        return [Row(model.chat_ids(m), rng.choice([8, 16, 32, 64, 128]))
+    if name in ("mixed", "json"):
+        return [Row(model.chat_ids(m), rng.choice([8, 16, 32, 64, 128]),
+                    SCHEMA if name == "json" else None)
                 for m in prompts(n, seed=1, sentences=(1, 12))]
     system = system_prompt(lambda t: len(model.tokenizer(t)["input_ids"]))
     return [Row(model.chat_ids([{"role": "system", "content": system}, *m]),
@@ -103,6 +116,7 @@ def useful(row: list[int], limit: int, eos: set[int]) -> int:
 
 
 def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
+    from jobs.protocol.structured import Constraint
     from workers.generation import Collect
     from workers.generation_request import GenRequest
 
@@ -116,8 +130,9 @@ def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
         s.on_done = lambda _: done.release()
     t0 = time.perf_counter()
     for r, s in zip(rows, sinks, strict=True):
-        engine.submit(GenRequest(prompt=r.ids, max_new_tokens=r.max_tokens, temperature=0),
-                      s, 2)
+        engine.submit(GenRequest(prompt=r.ids, max_new_tokens=r.max_tokens, temperature=0,
+                                 constraint=None if r.schema is None else
+                                 Constraint(r.schema)), s, 2)
     for _ in sinks:
         done.acquire()
     dt = time.perf_counter() - t0
@@ -211,13 +226,15 @@ STATIC, SORTED, SOLO, HF = ("generate, batches of 32", "generate, batches of 32 
                             "generate, one at a time", "transformers continuous batching")
 SIDES = {"uniform": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED],
          "mixed": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED, SOLO, HF],
-         "shared": [ENGINE, VLLM, BARE, NO_REUSE, BEFORE, SORTED, HF]}
+         "shared": [ENGINE, VLLM, BARE, NO_REUSE, BEFORE, SORTED, HF],
+         "json": [ENGINE, VLLM, BARE]}
 # The ratios each workload is judged by: (numerator, denominator).
 RATIOS = {"uniform": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, STATIC), (ENGINE, BEFORE)],
           "mixed": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, SORTED), (ENGINE, STATIC),
                     (ENGINE, HF), (ENGINE, BEFORE)],
           "shared": [(VLLM, BARE), (VLLM, ENGINE), (ENGINE, NO_REUSE), (ENGINE, SORTED),
-                     (ENGINE, HF), (ENGINE, BEFORE)]}
+                     (ENGINE, HF), (ENGINE, BEFORE)],
+          "json": [(VLLM, BARE), (VLLM, ENGINE)]}
 
 
 class Bare:
@@ -229,21 +246,24 @@ class Bare:
 
         environment(torch.get_num_threads())
         from vllm import LLM
+        from vllm.config import StructuredOutputsConfig
 
         set_threads = torch.set_num_threads  # (vLLM's CPU worker replaces it)
         self.llm = LLM(model=str(path), dtype="float32", enforce_eager=True,
                        max_num_seqs=rows, kv_cache_memory_bytes=kv_bytes,
-                       enable_prefix_caching=True, disable_log_stats=True)
+                       enable_prefix_caching=True, disable_log_stats=True,
+                       structured_outputs_config=StructuredOutputsConfig(backend="guidance"))
         torch.set_num_threads = set_threads
 
     def run(self, rows: list[Row]) -> tuple[float, int]:
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         self.llm.reset_prefix_cache()
         t0 = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": r.ids} for r in rows],
-                                 [SamplingParams(max_tokens=r.max_tokens, temperature=0)
-                                  for r in rows], use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": r.ids} for r in rows], [SamplingParams(
+            max_tokens=r.max_tokens, temperature=0, structured_outputs=None if r.schema is None
+            else StructuredOutputsParams(json=r.schema)) for r in rows], use_tqdm=False)
         dt = time.perf_counter() - t0
         return dt, sum(len(o.outputs[0].token_ids) for o in outs)
 
@@ -253,7 +273,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--solo", type=int, default=16, help="rows run one at a time")
-    ap.add_argument("--workloads", default="uniform,mixed,shared")
+    ap.add_argument("--workloads", default="uniform,mixed,shared,json")
     ap.add_argument("--sides", default="", help="run only these sides (comma-separated)")
     args = ap.parse_args()
     only = {s.strip() for s in args.sides.split(",") if s.strip()}
@@ -325,6 +345,10 @@ def main() -> None:
         tput = {s: [tok / dt for dt, tok in v] for s, v in res[w].items()}
         ratios = {f"{a} ÷ {b}": [x / y for x, y in zip(tput[a], tput[b], strict=True)]
                   for a, b in RATIOS[w]}
+        if w == "json" and "mixed" in res:  # the constraint's cost: the same rows free
+            free = {s: [tok / dt for dt, tok in v] for s, v in res["mixed"].items()}
+            ratios.update({f"{s}: json ÷ mixed": [x / y for x, y in zip(
+                tput[s], free[s], strict=True)] for s in SIDES[w] if s in free})
         desc = (f"{w}: {len(rows)} rows, prompts {min(len(r.ids) for r in rows)}–"
                 f"{max(len(r.ids) for r in rows)} tokens, max_tokens "
                 f"{min(r.max_tokens for r in rows)}–{max(r.max_tokens for r in rows)}")
