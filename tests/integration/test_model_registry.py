@@ -263,10 +263,13 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
     for name, m in imported.items():
         assert by_id[name] == {"id": name, "object": "model", "created": m.created_at,
                                "owned_by": m.owned_by, "version": "1", "kind": m.kind,
-                               "precision": "fp32", "context_length": m.context_length,
+                               "precision": "fp32", "engine": "auto",
+                               "context_length": m.context_length,
                                "resident_on": [],  # no worker runs on this database
+                               "engines_in_use": [],
                                "versions": [{"version": "1", "precision": "fp32",
-                                             "traffic_weight": 1.0, "resident_on": []}]}
+                                             "engine": "auto", "traffic_weight": 1.0,
+                                             "resident_on": [], "engines_in_use": []}]}
     one = client.get(f"/v1/models/{SMOL}")
     assert one.status_code == 200 and one.get_json() == by_id[SMOL]
     missing = client.get("/v1/models/no-such-model")

@@ -575,7 +575,8 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
                 "body": {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}],
                          **params}}
 
-    rows = [gen("json", response_format={"type": "json_object"}), gen("store", store=True),
+    rows = [gen("json", response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"$ref": "#/nowhere"}}}), gen("store", store=True),
             gen("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
             gen("typo", temprature=0.5), gen("tier", service_tier="flex"),
             gen("ok", max_tokens=4, presence_penalty=0, logprobs=False, store=False, n=1)]
@@ -586,7 +587,7 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
     errs = errors_by_id(ctx, batch_id)
     assert {k: (r["status_code"], r["body"]["error"]["param"], r["body"]["error"]["code"])
             for k, r in errs.items()} == {
-        "json": (400, "response_format", "unsupported_parameter"),
+        "json": (400, "response_format", "invalid_request"),  # a schema it cannot enforce
         "store": (400, "store", "unsupported_parameter"),
         "tools": (400, "tools", "unsupported_parameter"),
         "typo": (400, "temprature", "unknown_parameter"),

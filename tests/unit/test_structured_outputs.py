@@ -69,14 +69,14 @@ def ask(engine: Any, text: str, prio: int = 2, **kw: Any) -> Collect:
 
 
 def test_every_answer_validates_against_its_schema(engine: Any) -> None:
-    sinks = [ask(engine, t, response_format=fmt(), temperature=t_, seed=i)
-             for i, t in enumerate(TEXTS) for t_ in (0.0, 1.0)]
+    sinks = [ask(engine, t, response_format=fmt(), temperature=i % 2, seed=i)
+             for i, t in enumerate(TEXTS)]
     for c in sinks:
         c.result(600)
         if c.reason == FinishReason.LENGTH:
             continue  # cut by max_tokens: may be incomplete, and says so
         jsonschema.validate(json.loads(c.text), REVIEW)
-    assert sum(c.reason == FinishReason.STOP for c in sinks) >= len(sinks) - 2
+    assert sum(c.reason == FinishReason.STOP for c in sinks) >= len(sinks) - 1
 
 
 def test_json_mode_choices_and_log_probabilities(engine: Any) -> None:
@@ -97,7 +97,7 @@ def test_unconstrained_rows_in_the_same_steps_are_untouched(engine: Any) -> None
     """Constrained and free rows share steps: the free ones answer as they do alone."""
     alone = ask(engine, "What is the capital of France?", temperature=0, max_tokens=16)
     alone.result(600)
-    mixed = [ask(engine, t, response_format=fmt(), temperature=0) for t in TEXTS[:3]]
+    mixed = [ask(engine, t, response_format=fmt(), temperature=0) for t in TEXTS[:2]]
     free = ask(engine, "What is the capital of France?", temperature=0, max_tokens=16,
                prio=0)
     assert free.result(600).text == alone.text
