@@ -253,28 +253,22 @@ VLLM_CHAT = "SmolLM2-135M-Instruct-vllm"
 
 @pytest.fixture(scope="session")
 def vllm_chat(stack, tenant_key) -> str:  # type: ignore[no-untyped-def]
-    """The builtin chat model's weights added as a model of its own on the vLLM engine,
-    as a user adds one (``inferq models add … --engine vllm``), and loaded: its name."""
-    import subprocess
-    import sys
-
+    """The builtin chat model's weights registered as a model of its own on the vLLM
+    engine (its files shared, not uploaded again: ``inferq models add --engine vllm`` is
+    test_own_models'), and loaded: its name."""
     import openai
 
+    from jobs import registry
     from jobs.context import Context
-    from jobs.registry import get_default
     from tests.integration.helpers import served
-    from workers.runtime.cache import local_dir
 
     ctx = Context(stack.settings)
     try:
-        if get_default(ctx, VLLM_CHAT) is None:
-            smol = get_default(ctx, "SmolLM2-135M-Instruct")
-            assert smol is not None
-            p = subprocess.run([sys.executable, "-m", "cli.main", "models", "add", VLLM_CHAT,
-                                str(local_dir(ctx, smol)), "--kind", "chat", "--engine",
-                                "vllm"], env=stack.env(), capture_output=True, text=True,
-                               timeout=300)
-            assert p.returncode == 0, p.stdout + p.stderr
+        smol = registry.get_default(ctx, "SmolLM2-135M-Instruct")
+        assert smol is not None
+        registry.register(ctx, VLLM_CHAT, "1", smol.kind, smol.source, smol.files,
+                          smol.context_length, object_prefix=smol.object_prefix,
+                          engine=registry.VLLM)
     finally:
         ctx.close()
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=tenant_key,

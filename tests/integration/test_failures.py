@@ -144,7 +144,7 @@ def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -
 def chat_rows(n: int, model: str) -> list[dict[str, Any]]:
     from tests.integration.helpers import chat_line
 
-    return [chat_line(i, f"Tell a story about the number {i}.", model, max_tokens=24)
+    return [chat_line(i, f"Tell a story about the number {i}.", model, max_tokens=16)
             for i in range(n)]
 
 
@@ -173,7 +173,7 @@ def test_kill_9_mid_generation_shard_on_vllm_resumes_elsewhere(  # type: ignore[
 
 def test_sigterm_drains_a_vllm_worker_at_a_chunk(  # type: ignore[no-untyped-def]
         fstack, fsdk, workers, fctx, fvllm_tiny) -> None:
-    sigterm_drains(fsdk, workers, fctx, chat_rows(800, fvllm_tiny), "/v1/chat/completions",
+    sigterm_drains(fsdk, workers, fctx, chat_rows(400, fvllm_tiny), "/v1/chat/completions",
                    INFERQ_CHAT_MODEL=fvllm_tiny, INFERQ_PRELOAD_CHAT_MODEL="true")
 
 
