@@ -358,18 +358,20 @@ class VllmEngine:
                     and r.req.logprobs is not None:
                 fan.prompt = self._prompt_logprobs(r.req, o.prompt_logprobs)
             r.sink.start()
-        tokens: list[TokenLogprob] | None = [] if r.req.logprobs is not None else None
-        for j, tid in enumerate(c.token_ids):
-            tid = int(tid)
-            r.generated.append(tid)
-            entry = c.logprobs[j] if c.logprobs else None
-            lp = _finite(entry[tid].logprob) if entry and tid in entry else None
-            if lp is not None:
-                r.logprob_sum += lp
-            start = r.chars
-            r.chars += len(r.decoder.decode(bytes(self._texts(tid)[1])))
-            if tokens is not None and tid not in self.model.eos_ids:
-                tokens.append(self._entry(tid, lp, entry, r.req, len(r.req.text) + start))
+        r.generated.extend(c.token_ids)
+        tokens: list[TokenLogprob] | None = None
+        if c.logprobs:  # asked for, or best_of's ranking
+            tokens = [] if r.req.logprobs is not None else None
+            for tid, entry in zip(c.token_ids, c.logprobs, strict=True):
+                lp = _finite(entry[tid].logprob) if tid in entry else None
+                if lp is not None:
+                    r.logprob_sum += lp
+                start = r.chars  # (offsets only where reported)
+                if tokens is None:
+                    continue
+                r.chars += len(r.decoder.decode(bytes(self._texts(tid)[1])))
+                if tid not in self.model.eos_ids:
+                    tokens.append(self._entry(tid, lp, entry, r.req, len(r.req.text) + start))
         self.stats.tokens += len(c.token_ids)
         by = self.stats.tokens_by_priority
         by[r.priority] = by.get(r.priority, 0) + len(c.token_ids)
