@@ -22,9 +22,9 @@ Sides:
 - ``engine before``: the engine as it was before prefix reuse, prefill budgets and
   cache rows refilled in place: no prefix cache, 4096 prompt tokens per step, and the
   batch's cache copied whenever a sequence finishes (``EngineBefore``);
-- ``generate, batches of 32``: transformers ``generate`` in static batches in arrival
+- ``generate, static batches``: transformers ``generate`` in batches of --batch in arrival
   order, each batch running to its longest row's max_tokens;
-- ``generate, batches of 32 sorted``: the same with rows sorted by prompt length;
+- ``generate, static batches sorted``: the same with rows sorted by prompt length;
 - ``generate, one at a time``: batch size 1, on the first --solo rows;
 - ``transformers continuous batching``: ``ContinuousBatchingManager``, each row with
   its own max_new_tokens.
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bench import twins
 from bench.common import report, spread
 from bench.workload import TOPICS, sentence
 
@@ -155,12 +156,25 @@ def run_generate(model: Any, rows: list[Row], batch: int, order: str = "arrival"
         for j, r in enumerate(group):
             ids[j, width - len(r.ids):] = torch.tensor(r.ids)
             mask[j, width - len(r.ids):] = 1
-        out = model.model.generate(input_ids=ids, attention_mask=mask,
+        out = model.model.generate(input_ids=ids.to(model.device),
+                                   attention_mask=mask.to(model.device),
                                    max_new_tokens=max(r.max_tokens for r in group),
                                    do_sample=False, pad_token_id=model.pad_id)
         for r, row in zip(group, out[:, width:].tolist(), strict=True):
             tokens += useful(row, r.max_tokens, eos)
     return time.perf_counter() - t0, tokens
+
+
+def hf_continuous_here() -> bool:
+    """Whether this transformers has the continuous batching configuration used here
+    (its arguments changed before 5.19)."""
+    import inspect
+
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    except ImportError:
+        return False
+    return "page_size" in inspect.signature(ContinuousBatchingConfig).parameters
 
 
 @torch.inference_mode()
@@ -222,7 +236,7 @@ def engine_before(model: Any) -> Any:
 
 ENGINE, NO_REUSE, BEFORE = ("engine", "engine, no prefix reuse", "engine before")
 VLLM, BARE = "vllm engine", "vLLM LLM.generate"
-STATIC, SORTED, SOLO, HF = ("generate, batches of 32", "generate, batches of 32 sorted",
+STATIC, SORTED, SOLO, HF = ("generate, static batches", "generate, static batches sorted",
                             "generate, one at a time", "transformers continuous batching")
 SIDES = {"uniform": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED],
          "mixed": [ENGINE, VLLM, BARE, BEFORE, STATIC, SORTED, SOLO, HF],
@@ -274,9 +288,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--solo", type=int, default=16, help="rows run one at a time")
     ap.add_argument("--workloads", default="uniform,mixed,shared,json")
-    ap.add_argument("--sides", default="", help="run only these sides (comma-separated)")
+    ap.add_argument("--sides", default="", help="run only these sides (separated by ';', "
+                    "or by ',' where no name has one)")
+    ap.add_argument("--batch", type=int, default=32,
+                    help="rows at once: the engines' batch rows and generate's batch size")
     args = ap.parse_args()
-    only = {s.strip() for s in args.sides.split(",") if s.strip()}
+    global BATCH
+    BATCH = args.batch
+    only = set(args.sides.split(";" if ";" in args.sides else ",")) & {
+        s for w in SIDES.values() for s in w}
+    if not hf_continuous_here():
+        print(f"{HF}: not in this transformers' form; left out")
+        only = (only or {s for w in SIDES.values() for s in w}) - {HF}
+    if args.sides and not only:
+        ap.error("--sides names none of: "
+                 + ", ".join(sorted({s for w in SIDES.values() for s in w})))
     if only:
         for w in SIDES:
             SIDES[w] = [s for s in SIDES[w] if s in only]
@@ -287,10 +313,9 @@ def main() -> None:
     from workers.generation import GenerationEngine
     from workers.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.runtime.chat import ChatModel, ChatTokens
-    from workers.runtime.importers import converted_dir, smollm2_gguf
 
     st = Settings.from_env()
-    path = converted_dir(st.cache_dir, "SmolLM2-135M-Instruct", "1", smollm2_gguf())
+    path = twins.chat_path()
     model = ChatModel("SmolLM2-135M-Instruct", path)
     kv = st.vllm_kv_cache_mb << 20
     make: dict[str, Callable[[], Any]] = {
@@ -361,8 +386,9 @@ def main() -> None:
         data[w] = {"seconds_tokens": res[w], "tokens_per_s": tput, "ratios": ratios,
                    "prompt_tokens": [len(r.ids) for r in rows],
                    "max_tokens": [r.max_tokens for r in rows]}
-    report("generation", f"generation throughput, SmolLM2-135M-Instruct greedy, batch "
-           f"{BATCH}, {args.rounds} rounds; engine prefill budget {st.batch_prefill_tokens} "
+    report("generation", f"generation throughput, SmolLM2-135M-Instruct{twins.label()} "
+           f"greedy, batch {BATCH}, {args.rounds} rounds; engine prefill budget "
+           f"{st.batch_prefill_tokens} "
            f"(no realtime rows), prefix cache {st.prefix_cache_mb} MB",
            ["workload / side", "useful tokens/s (median [range])", "tokens"], rows_out,
            {"n": args.n, "rounds": args.rounds, "solo": args.solo, "batch": BATCH,

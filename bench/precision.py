@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import twins
 from bench.common import report, spread
 from bench.generation import Row, prompts, run_engine
 from bench.workload import TOPICS, sentence
@@ -49,11 +50,11 @@ def embeddings(args: argparse.Namespace) -> list[list[Any]]:
     from workers.runtime.embeddings import EmbeddingModel
 
     name = "all-MiniLM-L6-v2"
-    base = EmbeddingModel(name)
+    base = EmbeddingModel(name, twins.embedding_path())
     ids = base.tokenize(texts(args.n))
     rows = []
     for p in options():
-        other = EmbeddingModel(name, precision=p)
+        other = EmbeddingModel(name, twins.embedding_path(), precision=p)
         embed_all(base, ids[:8], 8), embed_all(other, ids[:8], 8)  # warm-up
         ratios: list[float] = []
         speeds: dict[str, list[float]] = {"fp32": [], p: []}
@@ -81,14 +82,12 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 
 
 def chat(args: argparse.Namespace) -> list[list[Any]]:
-    from jobs.settings import Settings
     from workers.generation import Collect, GenerationEngine
     from workers.generation_request import GenRequest
     from workers.runtime.chat import ChatModel
-    from workers.runtime.importers import converted_dir, smollm2_gguf
 
     name = "SmolLM2-135M-Instruct"
-    path = converted_dir(Settings.from_env().cache_dir, name, "1", smollm2_gguf())
+    path = twins.chat_path()
 
     def outputs(engine: GenerationEngine, reqs: list[GenRequest]) -> list[list[int]]:
         sinks = [Collect() for _ in reqs]
@@ -139,8 +138,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     rows = embeddings(args) + chat(args)
-    report("precision", "precision options against fp32 (speed ratio = option ÷ fp32, "
-           "same run)", ["model", "precision", "fp32 /s", "option /s", "speed ratio",
+    report("precision", f"precision options against fp32{twins.label()} (speed ratio = "
+           "option ÷ fp32, same run)", ["model", "precision", "fp32 /s", "option /s", "speed ratio",
                          "quality"], rows, {"args": vars(args)})
 
 
