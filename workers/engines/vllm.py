@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import gc
 import heapq
 import itertools
 import logging
@@ -235,6 +236,7 @@ class VllmEngine:
             self._build()
         except BaseException as e:  # noqa: BLE001 - raised by the constructor
             self._error = e
+            self._shut_down()  # built, then failed its warm-up
             self._ready.set()
             return
         self._ready.set()
@@ -450,7 +452,24 @@ class VllmEngine:
         self._fail_all(err)
         for r in waiting:
             r.sink.fail(err)
-        self._llm = None
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """vLLM tears down its process-wide distributed state when its engine core shuts
+        down, which its client otherwise does whenever the garbage collector gets to it:
+        possibly after the next engine of this process (a version loaded in its place, or
+        after this one failed its warm-up) has set that state up for itself. Now, then,
+        while no other engine exists."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        try:
+            llm.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - stopping goes on; the state is rebuilt at need
+            log.exception("vLLM engine of %s: shutting down its core failed",
+                          self.model.model_id)
+        del llm
+        gc.collect()
 
 
 @contextlib.contextmanager
