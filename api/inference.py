@@ -14,6 +14,7 @@ from api.errors import error_body
 from api.schemas import json_body
 from jobs import admission, catalog, limits, placement, rollout, shadow
 from jobs.errors import InferqError
+from jobs.protocol.tools import ChunkCalls, rewrite_completion, tools_of
 from jobs.realtime import ON_DEMAND, RealtimeClient, TokenStream, error_from_event
 from jobs.requests import (
     CHAT,
@@ -168,6 +169,8 @@ def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
                  done["completion_tokens"])
     if "choices" in done:  # several choices or log probabilities: as the worker built them
         body["choices"] = done["choices"]
+    if endpoint == CHAT:
+        rewrite_completion(body, tools_of(req.model_dump(exclude_none=True)))
     return body, 200, version_header(route.version)
 
 
@@ -178,6 +181,14 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
     ``answered`` gets the whole text once the stream is done."""
     ctx = context()
     w = ChunkWriter(req.model, chat)
+    tools = tools_of(req.model_dump(exclude_none=True)) if chat else None
+    calls = ChunkCalls(tools) if tools is not None else None
+
+    def events(chunk: dict[str, Any]) -> Iterator[bytes]:
+        """A chunk, its calls read back (several chunks, or none while text is held)."""
+        for c in calls.rewrite(chunk) if calls is not None else [chunk]:
+            yield _event(c)
+
     parts: list[str] = []
     try:
         if (first := w.first()) is not None:
@@ -190,13 +201,13 @@ def _sse(stream: TokenStream, req: ChatBody | CompletionBody, chat: bool,
                 parts.append(ev["text"])
                 # a request of several choices or with log probabilities: the chunk's
                 # choices as the worker built them (index, logprobs, a choice's end)
-                yield _event(w.choices(ev["choices"]) if "choices" in ev else
-                             w.delta(ev["text"]))
+                yield from events(w.choices(ev["choices"]) if "choices" in ev else
+                                  w.delta(ev["text"]))
             elif ev["t"] == StreamEvent.DONE:
                 limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
                 answered("".join(parts))
                 if not ev.get("chunked"):  # else each choice's end was its own chunk
-                    yield _event(w.finish(ev["finish_reason"]))
+                    yield from events(w.finish(ev["finish_reason"]))
                 if req.include_usage():
                     yield _event(w.usage(ev["prompt_tokens"], ev["completion_tokens"]))
             elif ev["t"] == StreamEvent.ERROR:
@@ -317,7 +328,8 @@ def _response_events(stream: TokenStream, req: ResponsesBody, grant: limits.Gran
             if ev is None:
                 yield b": keep-alive\n\n"
             elif ev["t"] == StreamEvent.DELTA:
-                yield _named_event(w.delta(ev["text"]))
+                for named in w.delta(ev["text"]):
+                    yield _named_event(named)
             elif ev["t"] == StreamEvent.DONE:
                 limits.settle(ctx, grant, ev["prompt_tokens"] + ev["completion_tokens"])
                 answered(w.text())

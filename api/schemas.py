@@ -287,6 +287,7 @@ class ModelObject(Out):
     precision: str
     engine: str
     context_length: int | None
+    tools: bool | None
     resident_on: list[str]
     engines_in_use: list[str]
     versions: list[VersionResidency]

@@ -22,10 +22,12 @@ TTL_S = 5.0
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One servable model: its public name and its kind (embeddings | chat)."""
+    """One servable model: its public name, its kind (embeddings | chat) and whether its
+    chat template renders tools (None: not known; the worker that renders it decides)."""
 
     name: str
     kind: str
+    tools: bool | None = None
 
 
 def kinds_for(endpoint: str) -> tuple[str, ...]:
@@ -70,7 +72,7 @@ class Catalog:
 
 def load(ctx: Context) -> Catalog:
     """The registry's default versions now (one query)."""
-    return Catalog(ModelInfo(m.name, m.kind) for m in registry.list_models(ctx))
+    return Catalog(ModelInfo(m.name, m.kind, m.tools) for m in registry.list_models(ctx))
 
 
 _snapshots = registry.Snapshots(load, TTL_S)

@@ -292,6 +292,8 @@ class Model(Base):
     precision: Mapped[str] = mapped_column(String(8), default="fp32", server_default="fp32")
     # The generation engine it runs on (jobs.registry.ENGINES): auto, transformers, vllm.
     engine: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
+    # Its chat template renders tools (jobs.protocol.tools); None: not known.
+    tools: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=None)
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     # Rollout (jobs.rollout): the share of the name's realtime requests and jobs this
     # (non-default) version takes, and the share of the default's it is shadowed with.

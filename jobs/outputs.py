@@ -12,11 +12,14 @@ lines. Columns by endpoint:
 - ``/v1/embeddings``: custom_id, status_code, embedding, prompt_tokens,
   error_code, error_message
 - ``/v1/chat/completions`` and ``/v1/completions``: custom_id, status_code,
-  content, finish_reason, prompt_tokens, completion_tokens, error_code,
+  content, finish_reason, tool_calls, prompt_tokens, completion_tokens, error_code,
   error_message. ``content`` is the assistant message's text for chat and the
   generated text for completions (one column for both, so a dataset can move
-  between the two endpoints without changing its readers).
+  between the two endpoints without changing its readers); ``tool_calls`` the
+  message's calls as JSON text (``[{id, type, function: {name, arguments}}]``), null
+  when it made none.
 - ``/v1/responses``: the same columns; ``content`` is the output message's text,
+  ``tool_calls`` its ``function_call`` items in chat's shape,
   ``finish_reason`` ``stop`` for a completed Response and ``length`` for one that
   the token limit ended (``status: incomplete``), ``prompt_tokens`` and
   ``completion_tokens`` its ``usage.input_tokens`` and ``usage.output_tokens``.
@@ -128,6 +131,7 @@ EMBEDDINGS_SCHEMA = pa.schema(_COMMON_HEAD + [
 GENERATION_SCHEMA = pa.schema(_COMMON_HEAD + [
     ("content", pa.string()),
     ("finish_reason", pa.string()),
+    ("tool_calls", pa.string()),
     ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()),
 ] + _COMMON_TAIL)
@@ -160,6 +164,12 @@ def parquet_row(endpoint: str, line: dict[str, Any]) -> dict[str, Any]:
             row["embedding"] = emb
         elif endpoint == RESPONSES:
             row["content"], row["finish_reason"] = response_text(body)
+            calls = [{"id": item.get("call_id"), "type": "function",
+                      "function": {"name": item.get("name"),
+                                   "arguments": item.get("arguments")}}
+                     for item in body.get("output") or []
+                     if isinstance(item, dict) and item.get("type") == "function_call"]
+            row["tool_calls"] = orjson.dumps(calls).decode() if calls else None
             row["completion_tokens"] = tokens.completion
         else:
             choice = (body.get("choices") or [{}])[0]
@@ -167,6 +177,8 @@ def parquet_row(endpoint: str, line: dict[str, Any]) -> dict[str, Any]:
             row["content"] = (message.get("content") if isinstance(message, dict)
                               else choice.get("text"))
             row["finish_reason"] = choice.get("finish_reason")
+            made = message.get("tool_calls") if isinstance(message, dict) else None
+            row["tool_calls"] = orjson.dumps(made).decode() if made else None
             row["completion_tokens"] = tokens.completion
     if isinstance(err, dict):
         row["error_code"], row["error_message"] = err.get("code"), err.get("message")

@@ -39,6 +39,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from jobs.context import Context
 from jobs.models import Model, now
+from jobs.protocol.tools import chat_template, renders_tools
 from storage import keys
 from storage.objects import ObjectNotFound
 
@@ -208,11 +209,12 @@ def total_bytes(model: Model) -> int:
 def register(ctx: Context, name: str, version: str, kind: str, source: str,
              files: list[dict[str, Any]], context_length: int, owned_by: str = "inferq",
              object_prefix: str | None = None, precision: str = FP32,
-             default: str = "newest", engine: str = AUTO) -> Model:
+             default: str = "newest", engine: str = AUTO, tools: bool | None = None) -> Model:
     """Insert or update (name, version); then the name's default is, by ``default``:
     ``newest``, its newest fp32 version (a version in another precision is never the
     default by being newer); ``this``, this version; ``keep``, the default it has (this
-    version when it has none).
+    version when it has none). ``tools``: its chat template renders tools (None: not
+    known).
 
     Idempotent. The files must already be in the store under ``object_prefix``
     (default: the repository layout). Concurrent registrations of one name are
@@ -235,7 +237,7 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
     values = {"kind": kind, "source": source,
               "object_prefix": object_prefix or keys.model_prefix(name, version),
               "files": clean, "context_length": int(context_length), "owned_by": owned_by,
-              "precision": precision, "engine": engine}
+              "precision": precision, "engine": engine, "tools": tools}
     with ctx.db.session() as s:
         s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
         s.execute(pg_insert(Model)
@@ -275,7 +277,8 @@ def derive(ctx: Context, name: str, base_version: str, version: str, precision: 
     return register(ctx, name, version, base.kind, f"{base.source} ({precision} of "
                     f"{base_version})", base.files, base.context_length, base.owned_by,
                     object_prefix=base.object_prefix, precision=precision,
-                    default="this" if make_default else "keep", engine=base.engine)
+                    default="this" if make_default else "keep", engine=base.engine,
+                    tools=base.tools)
 
 
 def set_default(ctx: Context, name: str, version: str) -> Model:
@@ -285,7 +288,7 @@ def set_default(ctx: Context, name: str, version: str) -> Model:
         raise ValueError(f"{name} has no version {version!r}")
     return register(ctx, name, version, m.kind, m.source, m.files, m.context_length,
                     m.owned_by, object_prefix=m.object_prefix, precision=m.precision,
-                    default="this", engine=m.engine)
+                    default="this", engine=m.engine, tools=m.tools)
 
 
 # Rollouts and warm pools -------------------------------------------------------------------
@@ -451,8 +454,9 @@ def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, s
             if key not in listed:
                 ctx.store.delete(key)
         ctx.store.put_bytes(record, listing)
+    tools = renders_tools(chat_template(src)) if kind == CHAT_KIND else None
     return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix,
-                    precision=precision, default=default, engine=engine)
+                    precision=precision, default=default, engine=engine, tools=tools)
 
 
 def _stored_manifest(ctx: Context, record: str) -> bytes | None:

@@ -27,8 +27,10 @@ import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     Strict,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -38,6 +40,15 @@ from pydantic_core import ErrorDetails
 
 from jobs.errors import InvalidRequest, shown
 from jobs.protocol.structured import ResponseFormat, TextFormat
+from jobs.protocol.tools import (
+    FunctionTool,
+    ResponsesFunctionTool,
+    ResponsesToolChoice,
+    ToolCallIn,
+    ToolChoice,
+    check_choice,
+    no_tools,
+)
 
 if TYPE_CHECKING:
     from jobs.catalog import Catalog
@@ -256,9 +267,22 @@ class StreamOptions(BaseModel):
 class Message(BaseModel):
     model_config = BODY
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[dict[str, Any]] | None = None
     name: Annotated[Text, Field(max_length=256)] | None = None
+    # an assistant message's calls, and the call a tool message answers
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: Name | None = None
+
+    @model_validator(mode="after")
+    def _tool_message(self) -> Message:
+        if self.role == "tool" and (self.tool_call_id is None or self.content is None):
+            raise ValueError("a tool message needs content and tool_call_id (the id of the "
+                             "call it answers)")
+        return self
+
+    def uses_tools(self) -> bool:
+        return self.role == "tool" or bool(self.tool_calls)
 
     @field_validator("content")
     @classmethod
@@ -334,6 +358,18 @@ class ChatBody(Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice(self) -> ChatBody:
+        tools_checked(self.tools, self.tool_choice, self.response_format)
+        return self
+
+    def uses_tools(self) -> bool:
+        """Tools or tool messages: the model's chat template must render them."""
+        return bool(self.tools) or any(m.uses_tools() for m in self.messages)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -385,6 +421,22 @@ class CompletionBody(Sampling):
         return v
 
 
+def tools_checked(tools: list[FunctionTool] | list[ResponsesFunctionTool] | None,
+                  choice: Any, fmt: ResponseFormat | None) -> None:
+    """``tool_choice`` against the tools (and a structured output: one constraint at a
+    time), each function named once; InvalidRequest naming the parameter."""
+    try:
+        check_choice(tools, choice)
+    except ValueError as e:
+        raise InvalidRequest(str(e), param="tool_choice") from None
+    if choice not in (None, "none", "auto") and fmt is not None and fmt.type != "text":
+        raise InvalidRequest("tool_choice: a required call and a structured output cannot "
+                             "both constrain the answer", param="tool_choice")
+    names = [t.function.name if isinstance(t, FunctionTool) else t.name for t in tools or []]
+    if len(set(names)) < len(names):
+        raise InvalidRequest("tools: two functions have the same name", param="tools")
+
+
 def parse_generation(endpoint: str, body: Any,
                      models: Catalog | None = None) -> ChatBody | CompletionBody:
     """Validate a chat or completions body (everything that needs no tokenizer).
@@ -394,7 +446,9 @@ def parse_generation(endpoint: str, body: Any,
     req: ChatBody | CompletionBody = parse_model(ChatBody if endpoint == CHAT else
                                                  CompletionBody, supported(endpoint, body))
     if models is not None:
-        models.require(req.model, endpoint)
+        info = models.require(req.model, endpoint)
+        if isinstance(req, ChatBody) and req.uses_tools() and info.tools is False:
+            raise no_tools(req.model)
     return req
 
 
@@ -433,7 +487,12 @@ LOGIT_BIAS = ("up to 300 token ids of the model's tokenizer (strings) to -100..1
               "their logits before sampling; an id the model does not have is a 400")
 N = ("1 to 128 choices, each its own sequence (`index`; with `seed`, choice i is seeded "
      "seed + i); usage counts every choice's tokens, the prompt once")
-TOOLS = "tool and function calling are not implemented"
+FUNCTIONS = "the deprecated functions are not implemented: use `tools` (see Tool calls)"
+TOOLS_DOC = "see Tool calls"
+TOOL_CHOICE = ("`none` (tools not given to the model, no calls), `auto` (the default with "
+               "tools), `required`, or `{\"type\": \"function\", \"function\": {\"name\"}}`; "
+               "`required` and a named function are enforced token by token (see Tool calls)")
+PARALLEL = ("`true` (the default): one or more calls; `false`: at most one (see Tool calls)")
 LOGPROBS = "log probabilities are not implemented"
 PROMPT_CACHE = "no client-directed prompt cache (the workers' prefix cache needs no hints)"
 USER = ("checked (at most 256 characters), else unused: it changes no answer (a job or a "
@@ -459,13 +518,13 @@ SHARED: dict[str, Param] = {
 # keeps the three equal).
 PARAMETERS: dict[str, dict[str, Param]] = {
     CHAT: {
-        "messages": _impl("roles `system`, `developer`, `user`, `assistant`; text only (see "
-                          "`messages` below)"),
+        "messages": _impl("roles `system`, `developer`, `user`, `assistant`, `tool`; text "
+                          "only (see `messages` below)"),
         "model": _impl("a registered chat model (`GET /v1/models`)"),
         "audio": _refused("audio output is not implemented"),
         "frequency_penalty": SHARED["frequency_penalty"],
-        "function_call": _only(TOOLS, "none"),
-        "functions": _refused(TOOLS),
+        "function_call": _only(FUNCTIONS, "none"),
+        "functions": _refused(FUNCTIONS),
         "logit_bias": SHARED["logit_bias"],
         "logprobs": _impl("each choice's tokens with their log probabilities (see Log "
                           "probabilities), streamed too"),
@@ -475,7 +534,7 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "modalities": _only("text output only", ["text"]),
         "moderation": _refused("moderation is not implemented"),
         "n": SHARED["n"],
-        "parallel_tool_calls": _refused(TOOLS),
+        "parallel_tool_calls": _impl(PARALLEL),
         "prediction": _refused("predicted outputs are not implemented"),
         "presence_penalty": SHARED["presence_penalty"],
         "prompt_cache_key": _refused(PROMPT_CACHE),
@@ -495,8 +554,9 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "stream": SHARED["stream"],
         "stream_options": SHARED["stream_options"],
         "temperature": SHARED["temperature"],
-        "tool_choice": _only(TOOLS, "none"),
-        "tools": _refused(TOOLS),
+        "tool_choice": _impl(TOOL_CHOICE),
+        "tools": _impl("function tools (see `tools[]` below), on a model whose chat template "
+                       "renders tools; other tool types are refused"),
         "top_logprobs": _impl("0 to 20 most likely tokens at each position; needs "
                               "`logprobs: true`"),
         "top_p": SHARED["top_p"],
@@ -537,26 +597,43 @@ PARAMETERS: dict[str, dict[str, Param]] = {
         "user": SHARED["user"],
     },
 }
-# The fields of a message, by role (the SDK's message types); ``tool`` and ``function``
-# messages are refused whole.
+# The fields of a message, by role (the SDK's message types); ``function`` messages are
+# refused whole.
 MESSAGE_FIELDS: dict[str, Param] = {
-    "role": _impl("`system`, `developer` (read as `system`), `user`, `assistant`; `tool` and "
-                  "`function` are refused (" + TOOLS + ")"),
+    "role": _impl("`system`, `developer` (read as `system`), `user`, `assistant`, `tool` (a "
+                  "call's result, on a model whose chat template renders tools); `function` "
+                  "is refused (" + FUNCTIONS + ")"),
     "content": _impl("a string, or `text` parts (joined); other part types are refused: the "
                      "models read text only"),
     "name": _impl("checked (at most 256 characters); the chat template does not use it"),
     "audio": _refused("audio is not implemented"),
-    "function_call": _refused(TOOLS),
+    "function_call": _refused(FUNCTIONS),
     "refusal": _refused("refusals are not implemented"),
-    "tool_calls": _refused(TOOLS),
+    "tool_calls": _impl("an assistant message's function calls (`{id, type: \"function\", "
+                        "function: {name, arguments}}`), rendered by the chat template"),
+    "tool_call_id": _impl("a tool message's: the id of the call it answers"),
 }
 ROLE_FIELDS: dict[str, tuple[str, ...]] = {
     "system": ("content", "role", "name"), "developer": ("content", "role", "name"),
     "user": ("content", "role", "name"),
     "assistant": ("role", "audio", "content", "function_call", "name", "refusal",
                   "tool_calls"),
+    "tool": ("content", "role", "tool_call_id"),
 }
-REFUSED_ROLES = ("tool", "function")
+REFUSED_ROLES = ("function",)
+# A function tool of ``tools`` and its ``function``.
+TOOL_FIELDS: dict[str, Param] = {
+    "type": _impl("`function`; other tool types (`custom`) are refused"),
+    "function": _impl("see `tools[].function`"),
+}
+FUNCTION_FIELDS: dict[str, Param] = {
+    "name": _impl("letters, digits, `_` and `-`, at most 64 characters; unique in `tools`"),
+    "description": _impl("given to the chat template"),
+    "parameters": _impl("a JSON schema (none: no parameters); a required call's arguments "
+                        "are valid for it, and a schema that cannot be enforced is a 400"),
+    "strict": _impl("accepted; a required call's arguments follow the schema whatever it "
+                    "says, and `auto` calls are not checked against it"),
+}
 TEXT_PART_FIELDS: dict[str, Param] = {
     "text": _impl("the text"),
     "type": _impl("`text` only"),
@@ -591,6 +668,44 @@ def supported(endpoint: str, body: Any, prefix: str = "") -> Any:
     if isinstance(out.get("stream_options"), dict):
         out["stream_options"] = _judged(out["stream_options"], STREAM_OPTIONS,
                                         f"{prefix}stream_options.", "stream_options")
+    if endpoint == CHAT:
+        _chat_tools(out, prefix)
+    return out
+
+
+def _chat_tools(out: dict[str, Any], prefix: str) -> None:
+    """Chat's ``tools`` by TOOL_FIELDS and FUNCTION_FIELDS, in place: function tools
+    only, and ``tool_choice`` a function's (OpenAI's allowed-tools and custom choices
+    are refused)."""
+    if isinstance(out.get("tools"), list):
+        out["tools"] = [_tool(t, f"{prefix}tools.{i}") for i, t in enumerate(out["tools"])]
+    choice = out.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and \
+            choice["type"] != "function":
+        at = f"{prefix}tool_choice"
+        raise InvalidRequest(f"{at}: unsupported parameter: tool_choice of type "
+                             f"{shown(choice['type'], 64)} is not supported: function tools "
+                             "only (`none`, `auto`, `required` or a named function)",
+                             param=at, code=UNSUPPORTED)
+
+
+def _unsupported_tool(kind: str, at: str) -> InvalidRequest:
+    return InvalidRequest(f"{at}: unsupported parameter: tools of type {shown(kind, 64)} "
+                          "are not supported: inferq takes function tools only (type "
+                          "'function')", param=at, code=UNSUPPORTED)
+
+
+def _tool(tool: Any, at: str) -> Any:
+    if not isinstance(tool, dict):
+        return tool  # the model refuses it
+    kind = tool.get("type")
+    if isinstance(kind, str) and kind != "function":
+        raise _unsupported_tool(kind, f"{at}.type")
+    out = _judged(tool, TOOL_FIELDS, f"{at}.", "a function tool", keep_null={"type",
+                                                                            "function"})
+    if isinstance(out.get("function"), dict):
+        out["function"] = _judged(out["function"], FUNCTION_FIELDS, f"{at}.function.",
+                                  "a function", keep_null={"name"})
     return out
 
 
@@ -626,11 +741,18 @@ def _message(m: Any, at: str) -> Any:
     role = m.get("role")
     if role in REFUSED_ROLES:
         raise InvalidRequest(f"{at}.role: unsupported parameter: {role} messages are not "
-                             f"supported: {TOOLS}", param=f"{at}.role", code=UNSUPPORTED)
+                             f"supported: {FUNCTIONS}", param=f"{at}.role", code=UNSUPPORTED)
     if role not in ROLE_FIELDS:
         return m  # the model says which roles there are
     fields = {k: MESSAGE_FIELDS[k] for k in ROLE_FIELDS[role]}
     out = _judged(m, fields, f"{at}.", f"a {role} message", keep_null={"role", "content"})
+    for j, call in enumerate(out.get("tool_calls") or []):
+        if isinstance(call, dict) and isinstance(call.get("type"), str) and \
+                call["type"] != "function":
+            raise InvalidRequest(f"{at}.tool_calls.{j}.type: unsupported parameter: calls of "
+                                 f"type {shown(call['type'], 64)} are not supported: function "
+                                 "calls only", param=f"{at}.tool_calls.{j}.type",
+                                 code=UNSUPPORTED)
     if isinstance(out.get("content"), list):
         out["content"] = [_part(part, f"{at}.content.{j}")
                           for j, part in enumerate(out["content"])]
@@ -677,7 +799,8 @@ def _json(v: Any) -> str:
 METHODS = {CHAT: "chat.completions.create", COMPLETIONS: "completions.create",
            EMBEDDINGS: "embeddings.create"}
 NESTED = {"messages[]": MESSAGE_FIELDS, "messages[].content[]": TEXT_PART_FIELDS,
-          "stream_options": STREAM_OPTIONS}
+          "stream_options": STREAM_OPTIONS, "tools[]": TOOL_FIELDS,
+          "tools[].function": FUNCTION_FIELDS}
 
 
 def parameter_table() -> str:
@@ -742,6 +865,51 @@ class InputItem(BaseModel):
         return c if isinstance(c, str) else "".join(p.text for p in c)
 
 
+class FunctionCallItem(BaseModel):
+    """An earlier answer's ``function_call`` output item, as input."""
+
+    model_config = BODY
+
+    type: Literal["function_call"]
+    call_id: Name
+    name: Name
+    arguments: Text
+    id: Name | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def call(self) -> dict[str, Any]:
+        """As a chat assistant message's call."""
+        return {"id": self.call_id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class FunctionCallOutputItem(BaseModel):
+    """A ``function_call_output`` input item: a call's result, a chat tool message."""
+
+    model_config = BODY
+
+    type: Literal["function_call_output"]
+    call_id: Name
+    output: Text | list[InputPart]
+    id: Name | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        o = self.output
+        return o if isinstance(o, str) else "".join(p.text for p in o)
+
+
+def _item_type(v: Any) -> str:
+    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    return kind if kind in ("function_call", "function_call_output") else "message"
+
+
+Item = Annotated[Annotated[InputItem, Tag("message")]
+                 | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                 Discriminator(_item_type)]
+
+
 class TextConfig(BaseModel):
     """``text``: its ``format``, chat's ``response_format`` (TEXT_CONFIG)."""
 
@@ -758,7 +926,7 @@ class ResponsesBody(BaseModel):
     model_config = BODY
 
     model: Name
-    input: Text | list[InputItem]
+    input: Text | list[Item]
     instructions: Text | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, lt=2**31)
     metadata: dict[str, str] | None = None
@@ -768,6 +936,21 @@ class ResponsesBody(BaseModel):
     text: TextConfig | None = None
     top_p: float = Field(default=1.0, gt=0, le=1)
     user: Name | None = None
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: ResponsesToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice(self) -> ResponsesBody:
+        tools_checked(self.tools, self.tool_choice,
+                      self.text.format.response_format() if self.text is not None and
+                      self.text.format is not None else None)
+        return self
+
+    def uses_tools(self) -> bool:
+        """Tools or calls in the input: the model's chat template must render them."""
+        return bool(self.tools) or (isinstance(self.input, list) and any(
+            not isinstance(x, InputItem) for x in self.input))
 
     @field_validator("input")
     @classmethod
@@ -797,7 +980,9 @@ def parse_responses(body: Any, models: Catalog | None = None) -> ResponsesBody:
     parse_embeddings."""
     req: ResponsesBody = parse_model(ResponsesBody, supported(RESPONSES, body))
     if models is not None:
-        models.require(req.model, RESPONSES)
+        info = models.require(req.model, RESPONSES)
+        if req.uses_tools() and info.tools is False:
+            raise no_tools(req.model)
     return req
 
 
@@ -809,9 +994,28 @@ def chat_body(req: ResponsesBody) -> dict[str, Any]:
     if isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
     else:
-        messages += [{"role": m.role, "content": m.text()} for m in req.input]
+        for item in req.input:
+            if isinstance(item, InputItem):
+                messages.append({"role": item.role, "content": item.text()})
+            elif isinstance(item, FunctionCallOutputItem):
+                messages.append({"role": "tool", "content": item.text(),
+                                 "tool_call_id": item.call_id})
+            elif messages and messages[-1]["role"] == "assistant":
+                # a call follows its answer's text (or the calls before it)
+                messages[-1].setdefault("tool_calls", []).append(item.call())
+            else:
+                messages.append({"role": "assistant", "content": None,
+                                 "tool_calls": [item.call()]})
     body: dict[str, Any] = {"model": req.model, "messages": messages,
                             "temperature": req.temperature, "top_p": req.top_p}
+    if req.tools:
+        body["tools"] = [t.chat() for t in req.tools]
+    if req.tool_choice is not None:
+        c = req.tool_choice
+        body["tool_choice"] = c if isinstance(c, str) else {
+            "type": "function", "function": {"name": c.name}}
+    if req.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
     if req.max_output_tokens is not None:
         body["max_tokens"] = req.max_output_tokens
     if req.user is not None:
@@ -849,12 +1053,13 @@ PARAMETERS[RESPONSES] = {
     "input": _impl("a string (one user message), or message items (see `input[]` below)"),
     "instructions": _impl("a system message before the input"),
     "max_output_tokens": _impl(MAX_TOKENS + "; reached: `status: incomplete`"),
-    "max_tool_calls": _refused(TOOLS),
+    "max_tool_calls": _refused("a limit on calls is not implemented (`parallel_tool_calls: "
+                               "false` asks for at most one)"),
     "metadata": _impl("at most 16 pairs (keys up to 64, values up to 512 characters); "
                       "echoed in the response object"),
     "model": _impl("a registered chat model (`GET /v1/models`)"),
     "moderation": _refused("moderation is not implemented"),
-    "parallel_tool_calls": _only(TOOLS, True),
+    "parallel_tool_calls": _impl(PARALLEL),
     "previous_response_id": _refused(NOT_STORED),
     "prompt": _refused("stored prompt templates are not implemented"),
     "prompt_cache_key": _refused(PROMPT_CACHE),
@@ -869,8 +1074,10 @@ PARAMETERS[RESPONSES] = {
     "stream_options": _impl("see `stream_options (responses.create)` below"),
     "temperature": SHARED["temperature"],
     "text": _impl("see `text` below: plain text only"),
-    "tool_choice": _only(TOOLS, "none"),
-    "tools": _refused(TOOLS),
+    "tool_choice": _impl("`none`, `auto` (the default with tools), `required`, or "
+                         "`{\"type\": \"function\", \"name\"}`: as chat's (see Tool calls)"),
+    "tools": _impl("function tools (see `tools[] (responses.create)` below), on a model "
+                   "whose chat template renders tools; other tool types are refused"),
     "top_logprobs": _refused(NO_LOGPROBS),
     "top_p": SHARED["top_p"],
     "truncation": _only("input is never truncated: a prompt over the context is 400 "
@@ -880,8 +1087,9 @@ PARAMETERS[RESPONSES] = {
 # The fields of an input message item, by role: the SDK's easy input message, input
 # message and (for assistant) output message types together.
 INPUT_ITEM_FIELDS: dict[str, Param] = {
-    "type": _impl("`message` (the default); other item types (tool calls and their outputs, "
-                  "reasoning, item references) are refused"),
+    "type": _impl("`message` (the default); `function_call` and `function_call_output` "
+                  "items are below; other item types (reasoning, item references, other "
+                  "tools' calls) are refused"),
     "role": _impl("`system`, `developer` (read as `system`), `user`, `assistant`"),
     "content": _impl("a string, or text parts (joined; see `input[].content[]`)"),
     "id": _impl("an earlier output message's: checked (at most 256 characters), else unused"),
@@ -913,13 +1121,55 @@ TEXT_CONFIG: dict[str, Param] = {
                     "Structured outputs)"),
     "verbosity": _refused("verbosity control is not implemented"),
 }
+RESPONSES_TOOL_FIELDS: dict[str, Param] = {
+    "type": _impl("`function`; other tool types (web search, file search, MCP, custom, …) "
+                  "are refused"),
+    "name": FUNCTION_FIELDS["name"],
+    "description": FUNCTION_FIELDS["description"],
+    "parameters": FUNCTION_FIELDS["parameters"],
+    "strict": FUNCTION_FIELDS["strict"],
+    "allowed_callers": _refused("programmatic tool calling is not implemented"),
+    "async": _only("calls are answered in the next request's input", False),
+    "defer_loading": _only("tool search is not implemented: every tool is given to the "
+                           "model", False),
+    "output_schema": _refused("output schemas are not implemented"),
+}
+CALL_STATUS = "an earlier answer's: checked, else unused"
+FUNCTION_CALL_FIELDS: dict[str, Param] = {
+    "type": _impl("`function_call`: an earlier answer's call (an assistant message's "
+                  "`tool_calls` to the chat template)"),
+    "call_id": _impl("the call's id"),
+    "name": _impl("the function called"),
+    "arguments": _impl("its arguments (JSON text)"),
+    "id": _impl("an earlier output item's: checked (at most 256 characters), else unused"),
+    "status": _impl(CALL_STATUS),
+    "caller": _refused("programmatic tool calling is not implemented"),
+    "namespace": _refused("tool namespaces are not implemented"),
+    "async": _only("calls are answered in the next request's input", False),
+}
+FUNCTION_CALL_OUTPUT_FIELDS: dict[str, Param] = {
+    "type": _impl("`function_call_output`: a call's result (a `tool` message to the chat "
+                  "template)"),
+    "call_id": _impl("the id of the call it answers"),
+    "output": _impl("a string, or `input_text` parts (joined)"),
+    "id": _impl("checked (at most 256 characters), else unused"),
+    "status": _impl(CALL_STATUS),
+    "caller": _refused("programmatic tool calling is not implemented"),
+    "name": _refused("the output is matched to its call by `call_id`"),
+    "namespace": _refused("tool namespaces are not implemented"),
+}
 RESPONSE_STREAM_OPTIONS: dict[str, Param] = {
     "include_obfuscation": _only("stream events are not obfuscated", False),
 }
 BODIES[RESPONSES] = ResponsesBody
 METHODS[RESPONSES] = "responses.create"
 NESTED.update({"input[]": INPUT_ITEM_FIELDS, "input[].content[]": INPUT_PART_FIELDS,
+               "input[] (function_call)": FUNCTION_CALL_FIELDS,
+               "input[] (function_call_output)": FUNCTION_CALL_OUTPUT_FIELDS,
+               "tools[] (responses.create)": RESPONSES_TOOL_FIELDS,
                "text": TEXT_CONFIG, "stream_options (responses.create)": RESPONSE_STREAM_OPTIONS})
+ITEM_TYPE_FIELDS = {"function_call": FUNCTION_CALL_FIELDS,
+                    "function_call_output": FUNCTION_CALL_OUTPUT_FIELDS}
 
 
 def _responses_supported(body: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -935,7 +1185,28 @@ def _responses_supported(body: dict[str, Any], prefix: str) -> dict[str, Any]:
     if isinstance(out.get("stream_options"), dict):
         out["stream_options"] = _judged(out["stream_options"], RESPONSE_STREAM_OPTIONS,
                                         f"{prefix}stream_options.", "stream_options")
+    if isinstance(out.get("tools"), list):
+        out["tools"] = [_responses_tool(t, f"{prefix}tools.{i}")
+                        for i, t in enumerate(out["tools"])]
+    choice = out.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and \
+            choice["type"] != "function":
+        at = f"{prefix}tool_choice"
+        raise InvalidRequest(f"{at}: unsupported parameter: tool_choice of type "
+                             f"{shown(choice['type'], 64)} is not supported: function tools "
+                             "only (`none`, `auto`, `required` or a named function)",
+                             param=at, code=UNSUPPORTED)
     return out
+
+
+def _responses_tool(tool: Any, at: str) -> Any:
+    if not isinstance(tool, dict):
+        return tool  # the model refuses it
+    kind = tool.get("type")
+    if isinstance(kind, str) and kind != "function":
+        raise _unsupported_tool(kind, f"{at}.type")
+    return _judged(tool, RESPONSES_TOOL_FIELDS, f"{at}.", "a function tool",
+                   keep_null={"type", "name"})
 
 
 def _input_item(item: Any, at: str) -> Any:
@@ -943,11 +1214,19 @@ def _input_item(item: Any, at: str) -> Any:
     if not isinstance(item, dict):
         return item
     kind = item.get("type", "message")
+    if isinstance(kind, str) and kind in ITEM_TYPE_FIELDS:
+        out = _judged(item, ITEM_TYPE_FIELDS[kind], f"{at}.", f"a {kind} item",
+                      keep_null={"type", "call_id"})
+        if isinstance(out.get("output"), list):
+            out["output"] = [_input_part(p, f"{at}.output.{j}")
+                             for j, p in enumerate(out["output"])]
+        return out
     if isinstance(kind, str) and kind != "message":
         raise InvalidRequest(f"{at}.type: unsupported parameter: input items of type "
-                             f"{shown(kind, 64)} are not supported: inferq takes message "
-                             f"items only ({TOOLS}; reasoning and item references are not "
-                             "either)", param=f"{at}.type", code=UNSUPPORTED)
+                             f"{shown(kind, 64)} are not supported: inferq takes message, "
+                             "function_call and function_call_output items (reasoning, item "
+                             "references and other tools' calls are not implemented)",
+                             param=f"{at}.type", code=UNSUPPORTED)
     role = item.get("role")
     if role not in ITEM_ROLE_FIELDS:
         return item  # the model says which roles there are

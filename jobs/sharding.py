@@ -158,8 +158,8 @@ class _Sharder:
                 raise InvalidRequest("a dataset row holds one text: the input cell must be a "
                                      "non-empty string", param="input")
         else:
-            req = (parse_responses(body) if self.endpoint == RESPONSES
-                   else parse_generation(self.endpoint, body))
+            req = (parse_responses(body, self.models) if self.endpoint == RESPONSES
+                   else parse_generation(self.endpoint, body, self.models))
             if req.stream:
                 raise InvalidRequest("stream is not available in a batch", param="stream")
         try:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.errors import InvalidRequest
 from jobs.protocol.structured import Constraint, constraint
+from jobs.protocol.tools import no_tools, tools_of
 from jobs.requests import CHAT, ChatBody, CompletionBody, parse_generation
-from workers.runtime.token_count import template_messages
+from workers.runtime.token_count import template_messages, template_tools
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.runtime.chat import ChatTokens
@@ -59,7 +60,9 @@ def build_request(model: ChatTokens, endpoint: str, body: dict[str, Any]) -> Gen
     req = parse_generation(endpoint, body)
     if endpoint == CHAT:
         assert isinstance(req, ChatBody)
-        prompt = model.chat_ids(template_messages(req))
+        if req.uses_tools() and not model.renders_tools():
+            raise no_tools(model.model_id)
+        prompt = model.chat_ids(template_messages(req), template_tools(req))
     else:
         prompt = model.prompt_ids(str(req.prompt))  # type: ignore[union-attr]
     room = model.context_length - len(prompt)
@@ -83,7 +86,9 @@ def build_request(model: ChatTokens, endpoint: str, body: dict[str, Any]) -> Gen
                      frequency_penalty=req.frequency_penalty, logit_bias=bias,
                      logprobs=req.top_count(), n=req.n, best_of=req.n)
     if isinstance(req, ChatBody):
-        out.constraint = constraint(req.response_format)
+        tools = tools_of(req.model_dump(exclude_none=True))
+        out.constraint = (tools.constraint() if tools is not None and tools.forced()
+                          else constraint(req.response_format))
     if isinstance(req, CompletionBody):
         out.best_of, out.echo, out.text = req.candidates(), req.echo, str(req.prompt)
     return out

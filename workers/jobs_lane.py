@@ -27,6 +27,7 @@ from jobs.context import Context
 from jobs.errors import InferqError
 from jobs.models import Job
 from jobs.outputs import dumps
+from jobs.protocol.tools import tools_of
 from jobs.requests import EMBEDDINGS, RESPONSES, EmbeddingsBody, as_chat, parse_embeddings
 from workers.embedding_engine import JOBS, RowFuture, seconds_of, when_all_done
 from workers.generation_request import build_request
@@ -178,7 +179,7 @@ class JobsConsumer(threading.Thread):
         u = c.usage  # every choice's tokens (best_of's included), the prompt once
         body = generation_body(job.endpoint, job.body["model"], c.choices,
                                top_count(job.endpoint, job.body), u.prompt_tokens,
-                               u.completion_tokens)
+                               u.completion_tokens, tools_of(job.body))
         body["inferq"] = {"batch_rows": u.batch_rows}
         self.record(job.id, body, None,
                     self.bill(job, u.prompt_tokens, u.completion_tokens, u.accelerator_s))

@@ -15,6 +15,7 @@ import numpy as np
 
 from jobs import response_shapes, shapes
 from jobs.errors import InferqError
+from jobs.protocol.tools import Tools, rewrite_completion
 from jobs.requests import CHAT, EmbeddingsBody, ResponsesBody, parse_model
 
 
@@ -146,14 +147,16 @@ def generation_choices(endpoint: str, choices: list[Choice], top: int | None
 
 
 def generation_body(endpoint: str, model: str, choices: list[Choice], top: int | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                    prompt_tokens: int, completion_tokens: int,
+                    tools: Tools | None = None) -> dict[str, Any]:
     """A whole chat.completion or text_completion: every choice, with its log
     probabilities when asked for; usage counts the prompt once and every choice's
-    tokens (all ``best_of`` sequences')."""
+    tokens (all ``best_of`` sequences'); ``tools``: a chat request's, whose calls are
+    read back from each choice's text."""
     build = shapes.chat_completion if endpoint == CHAT else shapes.text_completion
     body = build(model, choices[0].text, choices[0].reason, prompt_tokens, completion_tokens)
     body["choices"] = generation_choices(endpoint, choices, top)
-    return body
+    return rewrite_completion(body, tools)
 
 
 def chunk_choice(endpoint: str, index: int, text: str, tokens: list[TokenLogprob] | None,

@@ -21,6 +21,7 @@ import orjson
 from jobs import outputs
 from jobs.errors import InferqError
 from jobs.outputs import Tokens
+from jobs.protocol.tools import tools_of
 from jobs.requests import as_chat, parse_embeddings
 from workers.embedding_engine import seconds_of
 from workers.generation_request import build_request
@@ -154,7 +155,7 @@ class GenerationRunner:
             u = c.usage  # every choice's tokens (best_of's included), the prompt once
             ok.append(outputs.ok_line(custom_id, generation_body(
                 self.endpoint, body["model"], c.choices, top_count(self.endpoint, body),
-                u.prompt_tokens, u.completion_tokens)))
+                u.prompt_tokens, u.completion_tokens, tools_of(body))))
             tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
             seconds += u.accelerator_s
         chunk.seconds = seconds

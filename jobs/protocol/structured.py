@@ -112,11 +112,16 @@ class Constraint:
 
     schema: dict[str, Any]
     json_object: bool = False  # any JSON object (JSON mode)
+    # A Lark grammar (llguidance's, JSON schemas inside as ``%json``) in place of the
+    # schema: tool calls (jobs.protocol.tools)
+    lark: str | None = None
 
     def grammar(self) -> str:
         """llguidance's grammar for it."""
         import llguidance
 
+        if self.lark is not None:
+            return str(llguidance.grammar_from("lark", self.lark))
         return str(llguidance.grammar_from("json_schema", orjson.dumps(self.schema).decode()))
 
 

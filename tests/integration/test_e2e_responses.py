@@ -112,8 +112,10 @@ def test_what_it_does_not_implement_is_refused_naming_it(sdk) -> None:  # type: 
     refused(lambda: create(model=MODEL, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": "https://x.invalid/a.png", "detail": "auto"}]}]),
         "input.0.content.0.type")
-    refused(lambda: create(model=MODEL, input=[
-        {"type": "function_call_output", "call_id": "c", "output": "4"}]), "input.0.type")
+    refused(lambda: create(model=MODEL, input=[{"type": "item_reference", "id": "msg_1"}]),
+            "input.0.type")
+    refused(lambda: create(model=MODEL, input=[  # its chat template does not render tools
+        {"type": "function_call_output", "call_id": "c", "output": "4"}]), "tools")
     refused(lambda: create(model=MODEL, input="hi", extra_body={"messages": []}), "messages",
             "unknown_parameter")
     refused(lambda: create(model="all-MiniLM-L6-v2", input="hi"), "model", "model_not_found")

@@ -82,11 +82,12 @@ def test_parquet_generation_batch_finalizes_with_its_own_columns(ctx: Context,
     with ctx.store.open(key) as fh:
         out = pq.read_table(io.BytesIO(fh.read()))
     assert out.column_names == ["custom_id", "status_code", "content", "finish_reason",
-                                "prompt_tokens", "completion_tokens", "error_code",
-                                "error_message"]
+                                "tool_calls", "prompt_tokens", "completion_tokens",
+                                "error_code", "error_message"]
     assert out.to_pylist()[0] == {"custom_id": "a", "status_code": 200, "content": "Paris.",
-                                  "finish_reason": "stop", "prompt_tokens": 11,
-                                  "completion_tokens": 3, "error_code": None,
+                                  "finish_reason": "stop", "tool_calls": None,
+                                  "prompt_tokens": 11, "completion_tokens": 3,
+                                  "error_code": None,
                                   "error_message": None}
 
 

@@ -32,15 +32,16 @@ EMB = "/v1/embeddings"
 FAKE_FILES = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
 
 
-def register(ctx: Context, name: str, kind: str = "embeddings") -> None:
+def register(ctx: Context, name: str, kind: str = "embeddings",
+             tools: bool | None = None) -> None:
     """A registry row only: validation needs no files."""
-    registry.register(ctx, name, "1", kind, "test", FAKE_FILES, 256)
+    registry.register(ctx, name, "1", kind, "test", FAKE_FILES, 256, tools=tools)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def models(ctx: Context) -> Iterator[None]:
     register(ctx, MODEL)
-    register(ctx, CHAT_MODEL, "chat")
+    register(ctx, CHAT_MODEL, "chat", tools=False)
     yield
     with ctx.db.session() as s:
         s.execute(delete(Model).where(Model.name.endswith(SUFFIX)))
@@ -592,7 +593,7 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
         "tools": (400, "tools", "unsupported_parameter"),
         "typo": (400, "temprature", "unknown_parameter"),
         "tier": (400, "service_tier", "unsupported_parameter"),
-        "tool-msg": (400, "messages.1.role", "unsupported_parameter")}
+        "tool-msg": (400, "tools", "unsupported_parameter")}  # its template has no tools
     assert errs["store"]["body"]["error"]["message"].startswith("store: unsupported")
     (rows_,) = shard_rows_of(ctx, batch_id)
     assert [r["custom_id"] for r in rows_] == ["ok"]

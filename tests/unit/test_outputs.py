@@ -62,8 +62,8 @@ def test_generation_rows_for_chat_and_completions(tmp_path: Path) -> None:
     ]
     rows = list(outputs.parquet_rows(CHAT, iter(lines)))
     assert rows[0] == {"custom_id": "c1", "status_code": 200, "content": "Paris",
-                       "finish_reason": "stop", "prompt_tokens": 20, "completion_tokens": 2,
-                       "error_code": None, "error_message": None}
+                       "finish_reason": "stop", "tool_calls": None, "prompt_tokens": 20,
+                       "completion_tokens": 2, "error_code": None, "error_message": None}
     assert (rows[1]["status_code"], rows[1]["error_code"], rows[1]["content"]) == \
         (413, "request_too_large", None)
     assert (rows[2]["status_code"], rows[2]["error_code"]) == (None, "batch_expired")

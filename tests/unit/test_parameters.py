@@ -23,14 +23,18 @@ from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
     ChatCompletionContentPartTextParam,
     ChatCompletionDeveloperMessageParam,
+    ChatCompletionFunctionToolParam,
     ChatCompletionMessageParam,
     ChatCompletionStreamOptionsParam,
     ChatCompletionSystemMessageParam,
+    ChatCompletionToolMessageParam,
     ChatCompletionUserMessageParam,
 )
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import (
     EasyInputMessageParam,
+    FunctionToolParam,
+    ResponseFunctionToolCallParam,
     ResponseInputTextParam,
     ResponseOutputMessageParam,
     ResponseOutputTextParam,
@@ -46,6 +50,9 @@ from jobs.requests import (
     COMPLETIONS,
     DEFAULT_ONLY,
     EMBEDDINGS,
+    FUNCTION_CALL_FIELDS,
+    FUNCTION_CALL_OUTPUT_FIELDS,
+    FUNCTION_FIELDS,
     IMPLEMENTED,
     INPUT_ITEM_FIELDS,
     INPUT_PART_FIELDS,
@@ -59,12 +66,16 @@ from jobs.requests import (
     REFUSED_ROLES,
     RESPONSE_STREAM_OPTIONS,
     RESPONSES,
+    RESPONSES_TOOL_FIELDS,
     ROLE_FIELDS,
     STREAM_OPTIONS,
     TEXT_CONFIG,
     TEXT_PART_FIELDS,
+    TOOL_FIELDS,
     BatchCreate,
     ChatBody,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InputItem,
     InputPart,
     Message,
@@ -89,16 +100,14 @@ SDK_BASES = {CHAT: chat_create_params.CompletionCreateParamsBase,
 ROLE_TYPES = {"system": ChatCompletionSystemMessageParam,
               "developer": ChatCompletionDeveloperMessageParam,
               "user": ChatCompletionUserMessageParam,
-              "assistant": ChatCompletionAssistantMessageParam}
+              "assistant": ChatCompletionAssistantMessageParam,
+              "tool": ChatCompletionToolMessageParam}
 MSGS = [{"role": "user", "content": "hi"}]
 MINIMAL = {CHAT: {"model": "m", "messages": MSGS}, COMPLETIONS: {"model": "m", "prompt": "hi"},
            EMBEDDINGS: {"model": "m", "input": "hi"}, RESPONSES: {"model": "m", "input": "hi"}}
 # Values clients send for what inferq does not do (each is refused naming its parameter)
 REAL_USES: list[tuple[str, str, Any]] = [
-    (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (CHAT, "tool_choice", "auto"), (CHAT, "tool_choice", "required"),
-    (CHAT, "parallel_tool_calls", False),
-    (CHAT, "parallel_tool_calls", True), (CHAT, "reasoning_effort", "low"),
+    (CHAT, "reasoning_effort", "low"),
     (CHAT, "store", True), (CHAT, "prediction", {"type": "content", "content": "x"}),
     (CHAT, "modalities", ["text", "audio"]), (CHAT, "functions", [{"name": "f"}]),
     (CHAT, "function_call", "auto"), (CHAT, "service_tier", "flex"),
@@ -107,8 +116,6 @@ REAL_USES: list[tuple[str, str, Any]] = [
     # JSON types are strict: a string is no boolean, nor is a number
     (CHAT, "store", "false"), (CHAT, "store", 0),
     (RESPONSES, "store", True), (RESPONSES, "previous_response_id", "resp_1"),
-    (RESPONSES, "tools", [{"type": "function", "name": "f", "parameters": {}}]),
-    (RESPONSES, "tool_choice", "auto"), (RESPONSES, "parallel_tool_calls", False),
     (RESPONSES, "reasoning", {"effort": "low"}), (RESPONSES, "truncation", "auto"),
     (RESPONSES, "include", ["message.output_text.logprobs"]), (RESPONSES, "top_logprobs", 2),
     (RESPONSES, "background", True), (RESPONSES, "conversation", "conv_1"),
@@ -172,6 +179,23 @@ def test_the_message_fields_are_the_sdks_by_role() -> None:
     assert roles == set(ROLE_FIELDS) | set(REFUSED_ROLES)
     assert set(TEXT_PART_FIELDS) == set(ChatCompletionContentPartTextParam.__annotations__)
     assert set(STREAM_OPTIONS) == set(ChatCompletionStreamOptionsParam.__annotations__)
+
+
+def test_the_tool_objects_are_the_sdks() -> None:
+    """Function tools, their calls and outputs: the fields of the SDK's types."""
+    assert set(TOOL_FIELDS) == set(ChatCompletionFunctionToolParam.__annotations__)
+    assert set(FUNCTION_FIELDS) == set(
+        typing.get_type_hints(ChatCompletionFunctionToolParam)["function"].__annotations__)
+    assert set(RESPONSES_TOOL_FIELDS) == set(typing.get_type_hints(FunctionToolParam)) | {
+        "async"}
+    assert set(FUNCTION_CALL_FIELDS) == set(typing.get_type_hints(
+        ResponseFunctionToolCallParam)) | {"async"}
+    assert set(FUNCTION_CALL_OUTPUT_FIELDS) == set(
+        response_input_param.FunctionCallOutput.__annotations__)
+    for table, model in ((FUNCTION_CALL_FIELDS, FunctionCallItem),
+                         (FUNCTION_CALL_OUTPUT_FIELDS, FunctionCallOutputItem)):
+        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
+            set(model.model_fields), model
 
 
 def test_the_responses_objects_are_the_sdks() -> None:
@@ -315,9 +339,10 @@ def test_the_message_says_what_is_taken_and_why() -> None:
     assert e.message == ("service_tier: unsupported parameter: inferq takes service_tier "
                          "only as \"auto\" or \"default\" or null, got a string ('flex'): a "
                          "realtime request runs in the default tier (flex is a batch option)")
-    e = refused(CHAT, {**MINIMAL[CHAT], "tools": []})
-    assert e.message == ("tools: unsupported parameter: tool and function calling are not "
-                         "implemented; leave tools out (or null)")
+    e = refused(CHAT, {**MINIMAL[CHAT], "functions": []})
+    assert e.message == ("functions: unsupported parameter: the deprecated functions are not "
+                         "implemented: use `tools` (see Tool calls); leave functions out (or "
+                         "null)")
 
 
 # Inside a chat body ----------------------------------------------------------------------
@@ -330,13 +355,13 @@ def chat(*messages: Any, **params: Any) -> dict[str, Any]:
     ({"role": "user", "content": "hi", "weight": 2}, "messages.1.weight", "unknown_parameter"),
     ({"role": "user", "content": "hi", "refusal": None}, "messages.1.refusal",
      "unknown_parameter"),  # not a field of a user message
-    ({"role": "tool", "content": "42", "tool_call_id": "call_1"}, "messages.1.role",
-     "unsupported_parameter"),
+    ({"role": "tool", "content": "42", "tool_call_id": "call_1", "name": "f"},
+     "messages.1.name", "unknown_parameter"),  # not a field of a tool message
     ({"role": "function", "content": "42", "name": "f"}, "messages.1.role",
      "unsupported_parameter"),
     ({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-     "messages.1.tool_calls", "unsupported_parameter"),
+        {"id": "c", "type": "custom", "custom": {"name": "f", "input": "x"}}]},
+     "messages.1.tool_calls.0.type", "unsupported_parameter"),
     ({"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
      "messages.1.function_call", "unsupported_parameter"),
     ({"role": "assistant", "content": "no", "refusal": "I can't"}, "messages.1.refusal",
@@ -405,7 +430,7 @@ def test_batch_defaults_are_judged_with_the_batch() -> None:
     assert ok.body == {"model": "m", "temperature": 0, "max_tokens": 8, "logprobs": False}
     for endpoint, body, param, code in [
         (CHAT, {"model": "m", "store": True}, "body.store", "unsupported_parameter"),
-        (CHAT, {"parallel_tool_calls": True}, "body.parallel_tool_calls",
+        (CHAT, {"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "body.tools.0.type",
          "unsupported_parameter"),
         (EMBEDDINGS, {"model": "m", "temperature": 0}, "body.temperature", "unknown_parameter"),
         (COMPLETIONS, {"suffix": "!"}, "body.suffix", "unsupported_parameter"),
@@ -426,8 +451,17 @@ USER_ITEM = {"role": "user", "content": "hi"}
 
 
 @pytest.mark.parametrize(("body", "param", "code"), [
-    (responses(USER_ITEM, {"type": "function_call_output", "call_id": "c", "output": "4"}),
+    (responses(USER_ITEM, {"type": "computer_call_output", "call_id": "c", "output": {}}),
      "input.1.type", "unsupported_parameter"),
+    (responses(USER_ITEM, {"type": "function_call_output", "call_id": "c", "output": "4",
+                           "name": "f"}), "input.1.name", "unsupported_parameter"),
+    (responses(USER_ITEM, tools=[{"type": "web_search"}]), "tools.0.type",
+     "unsupported_parameter"),
+    (responses(USER_ITEM, tools=[{"type": "function", "name": "f", "parameters": None,
+                                  "strict": None, "output_schema": {}}]),
+     "tools.0.output_schema", "unsupported_parameter"),
+    (responses(USER_ITEM, tool_choice={"type": "web_search_preview"}), "tool_choice",
+     "unsupported_parameter"),
     (responses({"type": "item_reference", "id": "msg_1"}), "input.0.type",
      "unsupported_parameter"),
     (responses({"type": "reasoning", "id": "rs_1", "summary": []}), "input.0.type",

@@ -173,7 +173,7 @@ ORDER = ["response.created", "response.in_progress", "response.output_item.added
 
 def events(reason: str = "stop", r: Any = None) -> list[tuple[str, dict[str, Any]]]:
     w = EventWriter(r or req(input="hi", stream=True))
-    return [*w.start(), w.delta("Par"), w.delta("is"), w.delta("."),
+    return [*w.start(), *w.delta("Par"), *w.delta("is"), *w.delta("."),
             *w.finish(reason, 8, 3)]
 
 

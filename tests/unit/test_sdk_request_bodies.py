@@ -91,7 +91,8 @@ def test_the_sdks_bodies_pass_the_strict_models(name: str) -> None:
         assert req.model_fields_set == {"model", "messages", "temperature", "top_p",
                                         "max_tokens", "seed", "stop", "user", "n",
                                         "frequency_penalty", "presence_penalty",
-                                        "logit_bias", "logprobs", "response_format"}
+                                        "logit_bias", "logprobs", "response_format",
+                                        "tool_choice"}
         assert (req.n, req.frequency_penalty, req.presence_penalty, req.token_bias(),
                 req.top_count()) == (1, 0.0, 0.0, {}, None)
     if name == "chat-stream":

@@ -296,8 +296,9 @@ class VllmEngine:
 
         q = r.req
         logprobs = q.logprobs if q.logprobs is not None else 0 if q.scored() else None
-        structured = (None if q.constraint is None else
-                      StructuredOutputsParams(json=q.constraint.schema))
+        c = q.constraint
+        structured = (None if c is None else StructuredOutputsParams(grammar=c.lark)
+                      if c.lark is not None else StructuredOutputsParams(json=c.schema))
         return SamplingParams(
             n=1, temperature=q.temperature, top_p=q.top_p, seed=r.seed,
             stop=list(q.stop) or None, max_tokens=q.max_new_tokens,

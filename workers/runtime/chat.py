@@ -23,6 +23,7 @@ from transformers import (
     GenerationConfig,
 )
 
+from jobs.protocol.tools import renders_tools
 from workers.runtime import precision as precisions
 from workers.runtime import token_count
 from workers.runtime.faults import inject_oom
@@ -175,8 +176,13 @@ class ChatTokens:
         self.pad_id = self.tokenizer.pad_token_id or 0
 
     # Tokenization (any thread), as batch validation counts it (workers.runtime.token_count)
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return token_count.chat_ids(self.tokenizer, messages)
+    def chat_ids(self, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return token_count.chat_ids(self.tokenizer, messages, tools)
+
+    def renders_tools(self) -> bool:
+        """Its chat template renders tools (jobs.protocol.tools)."""
+        return renders_tools(getattr(self.tokenizer, "chat_template", None))
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return token_count.prompt_ids(self.tokenizer, prompt)

@@ -9,8 +9,10 @@ workers use them too (``EmbeddingModel.tokenize``, ``ChatModel.chat_ids`` and
 
 - embeddings: each text through the tokenizer with its special tokens ([CLS] ... [SEP]);
   a token-id input is its ids between the same two special tokens;
-- chat: the messages (``developer`` as ``system``; no content as "") through the
-  model's chat template with the generation prompt;
+- chat: the messages (``developer`` as ``system``; no content as ""; an assistant's
+  ``tool_calls``, a tool message's ``tool_call_id``) and the request's tools
+  (``jobs.protocol.tools``: none when ``tool_choice`` is ``none``) through the model's
+  chat template with the generation prompt;
 - completions: the prompt through the tokenizer (with the special tokens it adds).
 
 The tokenizer is the registry version's own: its tokenizer files, fetched from the
@@ -38,6 +40,7 @@ from jobs import registry
 from jobs.context import Context
 from jobs.errors import transient
 from jobs.models import Model
+from jobs.protocol.tools import tools_of
 from jobs.requests import EMBEDDINGS, ChatBody, EmbeddingsBody, parse_generation, parse_model
 
 log = logging.getLogger("inferq.tokens")
@@ -48,13 +51,30 @@ log = logging.getLogger("inferq.tokens")
 
 def template_messages(req: ChatBody) -> list[dict[str, Any]]:
     """A chat body's messages as the chat template takes them."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-            for m in req.messages]
+    out = []
+    for m in req.messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                               "content": m.content or ""}
+        if m.tool_calls:
+            msg["tool_calls"] = [c.template() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
 
 
-def chat_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """The prompt of a chat: its messages through the template, with the generation prompt."""
-    enc: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def template_tools(req: ChatBody) -> list[dict[str, Any]] | None:
+    """The tools the chat template renders (None: none, or ``tool_choice: none``)."""
+    tools = tools_of(req.model_dump(exclude_none=True))
+    return tools.template() if tools is not None else None
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, Any]],
+             tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The prompt of a chat: its messages (and tools) through the template, with the
+    generation prompt."""
+    enc: Any = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                             tokenize=True)
     ids = enc["input_ids"] if hasattr(enc, "keys") else enc
     return [int(x) for x in ids]
 
@@ -82,7 +102,7 @@ def prompt_length(tokenizer: Any, endpoint: str, body: dict[str, Any]) -> int:
         return sum(map(len, embedding_ids(tokenizer, req.inputs())))
     gen = parse_generation(endpoint, body)
     if isinstance(gen, ChatBody):
-        return len(chat_ids(tokenizer, template_messages(gen)))
+        return len(chat_ids(tokenizer, template_messages(gen), template_tools(gen)))
     return len(prompt_ids(tokenizer, str(gen.prompt)))
 
 
