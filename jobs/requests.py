@@ -679,7 +679,12 @@ def _chat_tools(out: dict[str, Any], prefix: str) -> None:
     are refused)."""
     if isinstance(out.get("tools"), list):
         out["tools"] = [_tool(t, f"{prefix}tools.{i}") for i, t in enumerate(out["tools"])]
-    choice = out.get("tool_choice")
+    _function_choice(out.get("tool_choice"), prefix)
+
+
+def _function_choice(choice: Any, prefix: str) -> None:
+    """A ``tool_choice`` object must name a function (OpenAI's allowed-tools and custom
+    choices are refused)."""
     if isinstance(choice, dict) and isinstance(choice.get("type"), str) and \
             choice["type"] != "function":
         at = f"{prefix}tool_choice"
@@ -1188,14 +1193,7 @@ def _responses_supported(body: dict[str, Any], prefix: str) -> dict[str, Any]:
     if isinstance(out.get("tools"), list):
         out["tools"] = [_responses_tool(t, f"{prefix}tools.{i}")
                         for i, t in enumerate(out["tools"])]
-    choice = out.get("tool_choice")
-    if isinstance(choice, dict) and isinstance(choice.get("type"), str) and \
-            choice["type"] != "function":
-        at = f"{prefix}tool_choice"
-        raise InvalidRequest(f"{at}: unsupported parameter: tool_choice of type "
-                             f"{shown(choice['type'], 64)} is not supported: function tools "
-                             "only (`none`, `auto`, `required` or a named function)",
-                             param=at, code=UNSUPPORTED)
+    _function_choice(out.get("tool_choice"), prefix)
     return out
 
 

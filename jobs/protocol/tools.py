@@ -97,7 +97,8 @@ def _schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class FunctionDefinition(BaseModel):
-    """A chat function tool's ``function``."""
+    """A function's definition: chat's ``function`` of a tool, and the fields of the
+    Responses API's flat function tool."""
 
     model_config = STRICT
 
@@ -144,26 +145,10 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class ResponsesFunctionTool(BaseModel):
+class ResponsesFunctionTool(FunctionDefinition):
     """One of the Responses API's ``tools``: a function tool, flat."""
 
-    model_config = STRICT
-
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _fn_name(cls, v: str) -> str:
-        return _checked_name(v)
-
-    @field_validator("parameters")
-    @classmethod
-    def _parameters(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _schema(v)
 
     def chat(self) -> dict[str, Any]:
         """As one of chat's ``tools``."""

