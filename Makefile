@@ -45,7 +45,7 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_metrics.py test_tracing.py test_admission.py test_supervision.py test_simulated_fleet.py \
 	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py \
 	test_e2e_structured.py test_e2e_tools.py)
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 test: $(STAMP) $(CHROMIUM)
 	@echo "tests that run model workers: in the background, output in .test-stack.log"

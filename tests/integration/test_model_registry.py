@@ -264,7 +264,7 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
         assert by_id[name] == {"id": name, "object": "model", "created": m.created_at,
                                "owned_by": m.owned_by, "version": "1", "kind": m.kind,
                                "precision": "fp32", "engine": "auto",
-                               "context_length": m.context_length,
+                               "context_length": m.context_length, "tools": m.tools,
                                "resident_on": [],  # no worker runs on this database
                                "engines_in_use": [],
                                "versions": [{"version": "1", "precision": "fp32",
