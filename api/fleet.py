@@ -69,6 +69,7 @@ class ModelAdd(BaseModel):
     engine: Literal["auto", "transformers", "vllm"] = "auto"
     default: bool = False
     allow_pickle: bool = False
+    matryoshka: bool = False
 
 
 @bp.post("/models")
@@ -77,7 +78,7 @@ def add() -> Any:
     ctx = context()
     body = parse_model(ModelAdd, json_body())
     folders.add(ctx, body.name, body.source, body.kind, body.version, body.precision,
-                body.default, body.allow_pickle, body.engine)
+                body.default, body.allow_pickle, body.engine, body.matryoshka)
     return rollout.status(ctx, body.name)
 
 

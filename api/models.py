@@ -18,7 +18,8 @@ bp = Blueprint("models", __name__)
 def model_object(m: Model, versions: list[Model], where: dict[str, list[str]],
                  engines: dict[str, list[str]]) -> dict[str, Any]:
     """The OpenAI model object; version, kind, precision, engine, context_length, tools
-    (its chat template renders tools; null: not known), resident_on (the live workers
+    (its chat template renders tools; null: not known), matryoshka (an embeddings model
+    that serves ``dimensions``), resident_on (the live workers
     holding the default version), engines_in_use (the engines those workers run it on)
     and versions (each with its traffic share, where it is resident and on which
     engines) are extensions."""
@@ -27,6 +28,7 @@ def model_object(m: Model, versions: list[Model], where: dict[str, list[str]],
     return {"id": m.name, "object": "model", "created": m.created_at, "owned_by": m.owned_by,
             "version": m.version, "kind": m.kind, "precision": m.precision,
             "engine": m.engine, "context_length": m.context_length, "tools": m.tools,
+            "matryoshka": m.matryoshka,
             "resident_on": where.get(ref, []), "engines_in_use": engines.get(ref, []),
             "versions": [{"version": v.version, "precision": v.precision, "engine": v.engine,
                           "traffic_weight": round(max(0.0, 1.0 - canary), 6) if v.is_default

@@ -288,6 +288,7 @@ class ModelObject(Out):
     engine: str
     context_length: int | None
     tools: bool | None
+    matryoshka: bool
     resident_on: list[str]
     engines_in_use: list[str]
     versions: list[VersionResidency]

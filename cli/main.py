@@ -256,8 +256,11 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
               help="serve it under the bare NAME from now on (a name's first version is)")
 @click.option("--allow-pickle", is_flag=True,
               help="publish pickled weights (.bin, .pt): loading them runs their code")
+@click.option("--matryoshka", is_flag=True,
+              help="an embeddings model trained for shortened vectors (a Matryoshka loss): "
+              "it serves `dimensions`")
 def models_add(name: str, path: str, kind: str, version: str | None, precision: str,
-               engine: str, make_default: bool, allow_pickle: bool) -> None:
+               engine: str, make_default: bool, allow_pickle: bool, matryoshka: bool) -> None:
     """Publish your own model as a version of NAME: PATH is a local folder or an
     object-store URI s3://bucket/prefix/ (read with this deployment's object-store
     credentials). The folder is checked first; nothing is uploaded if it is refused."""
@@ -269,7 +272,7 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     try:
         t0 = time.perf_counter()
         added = folders.add(ctx, name, path, kind, version, precision, make_default,
-                            allow_pickle, engine)
+                            allow_pickle, engine, matryoshka)
     except InferqError as e:
         raise click.ClickException(e.message) from None
     finally:
@@ -277,7 +280,8 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     from jobs import registry
 
     m = added.model
-    engine = "" if kind == "embeddings" else f"engine {m.engine}, "
+    engine = (("matryoshka, " if m.matryoshka else "") if kind == "embeddings"
+              else f"engine {m.engine}, ")
     click.echo(f"{name}: version {m.version} registered ({kind}, {m.precision}, {engine}context "
                f"{m.context_length}, {len(m.files)} files, "
                f"{registry.total_bytes(m) / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s"

@@ -22,12 +22,14 @@ TTL_S = 5.0
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One servable model: its public name, its kind (embeddings | chat) and whether its
-    chat template renders tools (None: not known; the worker that renders it decides)."""
+    """One servable model: its public name, its kind (embeddings | chat), whether its
+    chat template renders tools (None: not known; the worker that renders it decides)
+    and whether it serves shortened vectors (``dimensions``)."""
 
     name: str
     kind: str
     tools: bool | None = None
+    matryoshka: bool = False
 
 
 def kinds_for(endpoint: str) -> tuple[str, ...]:
@@ -72,7 +74,8 @@ class Catalog:
 
 def load(ctx: Context) -> Catalog:
     """The registry's default versions now (one query)."""
-    return Catalog(ModelInfo(m.name, m.kind, m.tools) for m in registry.list_models(ctx))
+    return Catalog(ModelInfo(m.name, m.kind, m.tools, m.matryoshka)
+                   for m in registry.list_models(ctx))
 
 
 _snapshots = registry.Snapshots(load, TTL_S)

@@ -294,6 +294,9 @@ class Model(Base):
     engine: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
     # Its chat template renders tools (jobs.protocol.tools); None: not known.
     tools: Mapped[bool | None] = mapped_column(Boolean, nullable=True, default=None)
+    # An embeddings model trained for shortened vectors (a Matryoshka loss): only such a
+    # model serves ``dimensions``.
+    matryoshka: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     # Rollout (jobs.rollout): the share of the name's realtime requests and jobs this
     # (non-default) version takes, and the share of the default's it is shadowed with.

@@ -209,12 +209,13 @@ def total_bytes(model: Model) -> int:
 def register(ctx: Context, name: str, version: str, kind: str, source: str,
              files: list[dict[str, Any]], context_length: int, owned_by: str = "inferq",
              object_prefix: str | None = None, precision: str = FP32,
-             default: str = "newest", engine: str = AUTO, tools: bool | None = None) -> Model:
+             default: str = "newest", engine: str = AUTO, tools: bool | None = None,
+             matryoshka: bool = False) -> Model:
     """Insert or update (name, version); then the name's default is, by ``default``:
     ``newest``, its newest fp32 version (a version in another precision is never the
     default by being newer); ``this``, this version; ``keep``, the default it has (this
     version when it has none). ``tools``: its chat template renders tools (None: not
-    known).
+    known). ``matryoshka``: an embeddings model that serves ``dimensions``.
 
     Idempotent. The files must already be in the store under ``object_prefix``
     (default: the repository layout). Concurrent registrations of one name are
@@ -237,7 +238,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
     values = {"kind": kind, "source": source,
               "object_prefix": object_prefix or keys.model_prefix(name, version),
               "files": clean, "context_length": int(context_length), "owned_by": owned_by,
-              "precision": precision, "engine": engine, "tools": tools}
+              "precision": precision, "engine": engine, "tools": tools,
+              "matryoshka": matryoshka}
     with ctx.db.session() as s:
         s.execute(select(func.pg_advisory_xact_lock(func.hashtext("inferq.models:" + name))))
         s.execute(pg_insert(Model)
@@ -278,7 +280,7 @@ def derive(ctx: Context, name: str, base_version: str, version: str, precision: 
                     f"{base_version})", base.files, base.context_length, base.owned_by,
                     object_prefix=base.object_prefix, precision=precision,
                     default="this" if make_default else "keep", engine=base.engine,
-                    tools=base.tools)
+                    tools=base.tools, matryoshka=base.matryoshka)
 
 
 def set_default(ctx: Context, name: str, version: str) -> Model:
@@ -288,7 +290,7 @@ def set_default(ctx: Context, name: str, version: str) -> Model:
         raise ValueError(f"{name} has no version {version!r}")
     return register(ctx, name, version, m.kind, m.source, m.files, m.context_length,
                     m.owned_by, object_prefix=m.object_prefix, precision=m.precision,
-                    default="this", engine=m.engine, tools=m.tools)
+                    default="this", engine=m.engine, tools=m.tools, matryoshka=m.matryoshka)
 
 
 # Rollouts and warm pools -------------------------------------------------------------------
@@ -425,9 +427,10 @@ def manifest(src: Path) -> list[dict[str, Any]]:
 
 def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
                 context_length: int, owned_by: str = "inferq", reupload: bool = False,
-                precision: str = FP32, default: str = "newest", engine: str = AUTO) -> Model:
+                precision: str = FP32, default: str = "newest", engine: str = AUTO,
+                matryoshka: bool = False) -> Model:
     """Upload a model directory into the repository, then register it (``precision``,
-    ``default`` and ``engine`` as ``register`` takes them).
+    ``default``, ``engine`` and ``matryoshka`` as ``register`` takes them).
 
     The files go first and their manifest last (``keys.model_manifest``). A store
     that already holds this version with the same manifest is complete, so its
@@ -456,7 +459,8 @@ def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, s
         ctx.store.put_bytes(record, listing)
     tools = renders_tools(chat_template(src)) if kind == CHAT_KIND else None
     return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix,
-                    precision=precision, default=default, engine=engine, tools=tools)
+                    precision=precision, default=default, engine=engine, tools=tools,
+                    matryoshka=matryoshka)
 
 
 def _stored_manifest(ctx: Context, record: str) -> bytes | None:

@@ -106,6 +106,15 @@ class EmbeddingsBody(BaseModel):
         return cast(list[str] | list[list[int]], list(v))
 
 
+def no_dimensions(model: str, param: str = "dimensions") -> InvalidRequest:
+    """``dimensions`` for a model not trained for shortened vectors (OpenAI's answer for
+    such a model too: a 400)."""
+    return InvalidRequest(f"{param}: unsupported parameter: the model {shown(model)} was "
+                          "not trained for shortened vectors (its registry entry is not "
+                          "matryoshka); leave dimensions out for its full vectors",
+                          param=param, code="unsupported_parameter")
+
+
 def parse_embeddings(body: Any, max_inputs: int,
                      models: Catalog | None = None) -> EmbeddingsBody:
     """Validate an embeddings body; raises InvalidRequest naming the offending param.
@@ -116,7 +125,9 @@ def parse_embeddings(body: Any, max_inputs: int,
     """
     req: EmbeddingsBody = parse_model(EmbeddingsBody, supported(EMBEDDINGS, body))
     if models is not None:
-        models.require(req.model, EMBEDDINGS)
+        info = models.require(req.model, EMBEDDINGS)
+        if req.dimensions is not None and not info.matryoshka:
+            raise no_dimensions(req.model)
     if len(req.inputs()) > max_inputs:
         raise InvalidRequest(f"input: at most {max_inputs} inputs per request", param="input")
     return req
@@ -592,7 +603,8 @@ PARAMETERS: dict[str, dict[str, Param]] = {
                        "the model's context"),
         "model": _impl("a registered embeddings model (`GET /v1/models`)"),
         "dimensions": _impl("the first `dimensions` values, renormalized; at most the "
-                            "model's size"),
+                            "model's size; only for a model trained for shortened vectors "
+                            "(`matryoshka` in `GET /v1/models`), else 400"),
         "encoding_format": _impl("`float` or `base64` (little-endian float32)"),
         "user": SHARED["user"],
     },

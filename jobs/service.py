@@ -24,7 +24,7 @@ from jobs.errors import (
     transient,
 )
 from jobs.models import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
-from jobs.requests import BatchCreate
+from jobs.requests import EMBEDDINGS, BatchCreate, no_dimensions
 from jobs.sharding import TokenCounter, validate_and_shard
 from jobs.status import BatchStatus
 from storage import keys
@@ -202,7 +202,11 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
         if "model" in req.body:
             if not isinstance(req.body["model"], str):
                 raise InvalidRequest("body.model must be a string", param="body.model")
-            catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model")
+            info = catalog.cached(ctx).require(req.body["model"], req.endpoint,
+                                               param="body.model")
+            if (req.endpoint == EMBEDDINGS and "dimensions" in req.body
+                    and not info.matryoshka):  # every line would fail
+                raise no_dimensions(info.name, param="body.dimensions")
         elif f.format == "parquet":
             raise InvalidRequest("a Parquet input names no model: give the batch's body.model "
                                  '(e.g. "body": {"model": "all-MiniLM-L6-v2"}; --model in the '

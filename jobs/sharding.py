@@ -153,7 +153,7 @@ class _Sharder:
         bytes as text, which JSON cannot hold), and its size estimate; InvalidRequest
         if it does not fit."""
         if self.endpoint == EMBEDDINGS:
-            req: Any = parse_embeddings(body, self.max_inputs)
+            req: Any = parse_embeddings(body, self.max_inputs, self.models)
             if self.single_input and not isinstance(req.input, str):
                 raise InvalidRequest("a dataset row holds one text: the input cell must be a "
                                      "non-empty string", param="input")

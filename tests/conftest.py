@@ -279,6 +279,33 @@ def vllm_chat(stack, tenant_key) -> str:  # type: ignore[no-untyped-def]
     return VLLM_CHAT
 
 
+SHORTENING = "MiniLM-L6-shortening"
+
+
+def register_shortening(ctx: Context) -> str:
+    """The builtin all-MiniLM-L6-v2's files registered as a model of its own whose
+    registry entry says it serves shortened vectors (``dimensions``): its weights were
+    not trained for them, but the path a Matryoshka model's request takes is the same.
+    Its name."""
+    from jobs import registry
+
+    m = registry.get_default(ctx, "all-MiniLM-L6-v2")
+    assert m is not None
+    registry.register(ctx, SHORTENING, "1", m.kind, m.source, m.files, m.context_length,
+                      object_prefix=m.object_prefix, matryoshka=True)
+    return SHORTENING
+
+
+@pytest.fixture(scope="session")
+def shortening(stack) -> str:  # type: ignore[no-untyped-def]
+    """``register_shortening`` on the session's stack."""
+    ctx = Context(stack.settings)
+    try:
+        return register_shortening(ctx)
+    finally:
+        ctx.close()
+
+
 @pytest.fixture(params=["transformers", "vllm"])
 def engine_model(request) -> str:  # type: ignore[no-untyped-def]
     """The builtin chat model on each generation engine: its own name (the session's

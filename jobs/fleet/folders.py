@@ -541,11 +541,13 @@ def next_version(existing: list[Model]) -> str:
 
 def add(ctx: Context, name: str, source: str, kind: str, version: str | None = None,
         precision: str = registry.FP32, default: bool = False,
-        allow_pickle: bool = False, engine: str = registry.AUTO) -> Added:
+        allow_pickle: bool = False, engine: str = registry.AUTO,
+        matryoshka: bool = False) -> Added:
     """Check the folder ``source`` for ``kind``, publish it as ``name``'s ``version``
     (the next number when None) and register it: the name's default with ``default``
     or when it is the name's first version, otherwise a version a rollout can send
-    traffic to. Refused / InvalidRequest / Conflict (one line each) before anything is
+    traffic to. ``matryoshka``: an embeddings model trained for shortened vectors (it
+    serves ``dimensions``). Refused / InvalidRequest / Conflict (one line each) before anything is
     uploaded."""
     if kind not in KINDS:
         raise InvalidRequest(f"kind must be one of {', '.join(KINDS)}", param="kind")
@@ -561,6 +563,9 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
     if engine not in registry.ENGINES:
         raise InvalidRequest(f"engine must be one of {', '.join(registry.ENGINES)}",
                              param="engine")
+    if matryoshka and kind != "embeddings":
+        raise InvalidRequest("only an embeddings model serves shortened vectors "
+                             "(matryoshka)", param="matryoshka")
     if len(source) > 512:
         raise InvalidRequest("source is at most 512 characters", param="source")
     existing = registry.versions(ctx, name)
@@ -577,5 +582,6 @@ def add(ctx: Context, name: str, source: str, kind: str, version: str | None = N
     with local_copy(folder, Path(ctx.settings.data_dir)) as src:
         model = registry.publish_dir(ctx, name, version, served_as, folder.where, src,
                                      checked.context_length, OWNED_BY, precision=precision,
-                                     default="this" if default else "keep", engine=engine)
+                                     default="this" if default else "keep", engine=engine,
+                                     matryoshka=matryoshka)
     return Added(model, checked.notes)

@@ -8,11 +8,12 @@ import io
 from collections import Counter
 
 import numpy as np
+import openai
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.integration.helpers import emb_line, jsonl, lines, served, upload, wait
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def test_batch_roundtrip_with_openai_sdk(sdk) -> None:  # type: ignore[no-untype
     assert float(vec[0] @ vec[1]) > float(vec[0] @ vec[2]) + 0.2
 
 
-def test_sync_embeddings_float_and_base64(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_sync_embeddings_float_and_base64(sdk, shortening) -> None:  # type: ignore[no-untyped-def]
     r = sdk.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES,
                               encoding_format="float")
     assert [d.index for d in r.data] == [0, 1, 2] and len(r.data[0].embedding) == 384
@@ -70,10 +71,14 @@ def test_sync_embeddings_float_and_base64(sdk) -> None:  # type: ignore[no-untyp
     raw = sdk.embeddings.with_raw_response.create(model="all-MiniLM-L6-v2", input="x",
                                                   encoding_format="base64").http_response.json()
     assert len(base64.b64decode(raw["data"][0]["embedding"])) == 384 * 4
-    short = sdk.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=64,
-                                  encoding_format="float")
+    # shortened vectors: from a model registered as trained for them; refused for MiniLM
+    short = served(lambda: sdk.embeddings.create(model=shortening, input="x", dimensions=64,
+                                                 encoding_format="float"))
     assert len(short.data[0].embedding) == 64
     assert abs(np.linalg.norm(short.data[0].embedding) - 1) < 1e-4
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=64)
+    assert e.value.param == "dimensions" and e.value.code == "unsupported_parameter"
 
 
 def test_parquet_dataset_in_parquet_out(sdk) -> None:  # type: ignore[no-untyped-def]

@@ -1,8 +1,9 @@
 """An embeddings input longer than the model's context is refused with 400, never
 silently truncated: on the synchronous call (answered by a worker over the realtime
 lane) and as the error line of its request in a batch (the rest of the batch runs).
-So is asking for more ``dimensions`` than the model produces: the worker, which
-knows the model's size, refuses it."""
+So is asking for more ``dimensions`` than a model serving them produces: the worker,
+which knows the model's size, refuses it; a model not trained for shortened vectors
+takes no ``dimensions`` at all."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.integration.helpers import emb_line, jsonl, lines, served, upload, wait
 
 MODEL = "all-MiniLM-L6-v2"  # a 256-token context, 384 dimensions
 LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]
@@ -31,15 +32,20 @@ def test_sync_embeddings_over_the_context_is_400(sdk) -> None:  # type: ignore[n
     assert ok.usage.prompt_tokens == 256
 
 
-def test_sync_embeddings_with_more_dimensions_than_the_model_is_400(sdk) -> None:  # type: ignore[no-untyped-def]
+def test_sync_embeddings_with_more_dimensions_than_the_model_is_400(sdk, shortening) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(openai.BadRequestError) as e:
-        sdk.embeddings.create(model=MODEL, input="x", dimensions=1000)
+        served(lambda: sdk.embeddings.create(model=shortening, input="x", dimensions=1000))
     assert e.value.status_code == 400 and e.value.param == "dimensions"
     assert e.value.type == "invalid_request_error"
-    assert e.value.message.endswith("dimensions is 1000, but all-MiniLM-L6-v2 produces "
+    assert e.value.message.endswith(f"dimensions is 1000, but {shortening} produces "
                                     "384-dimensional embeddings: ask for at most 384")
-    ok = sdk.embeddings.create(model=MODEL, input="x", dimensions=384, encoding_format="float")
+    ok = sdk.embeddings.create(model=shortening, input="x", dimensions=384,
+                               encoding_format="float")
     assert len(ok.data[0].embedding) == 384
+    # a model not trained for shortened vectors: refused at the door, whatever the value
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.embeddings.create(model=MODEL, input="x", dimensions=384)
+    assert (e.value.param, e.value.code) == ("dimensions", "unsupported_parameter")
 
 
 def test_batch_line_over_the_context_gets_an_error_line(sdk) -> None:  # type: ignore[no-untyped-def]
@@ -56,7 +62,7 @@ def test_batch_line_over_the_context_gets_an_error_line(sdk) -> None:  # type: i
     assert long["custom_id"] == "req-1" and long["response"]["status_code"] == 400
     assert "302 tokens long" in long["response"]["body"]["error"]["message"]
     assert wide["custom_id"] == "req-3" and wide["response"]["status_code"] == 400
-    assert "dimensions is 1000" in wide["response"]["body"]["error"]["message"]
+    assert "not trained for shortened vectors" in wide["response"]["body"]["error"]["message"]
 
 
 def finished_job(sdk: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -78,8 +84,8 @@ def test_job_over_the_context_fails_with_the_reason(sdk) -> None:  # type: ignor
     assert "302 tokens long" in job["error"]["message"]
 
 
-def test_job_with_more_dimensions_than_the_model_fails_with_the_reason(sdk) -> None:  # type: ignore[no-untyped-def]
-    job = finished_job(sdk, {"model": MODEL, "input": "x", "dimensions": 1000})
+def test_job_with_more_dimensions_than_the_model_fails_with_the_reason(sdk, shortening) -> None:  # type: ignore[no-untyped-def]
+    job = finished_job(sdk, {"model": shortening, "input": "x", "dimensions": 1000})
     assert job["status"] == "failed", job
     assert job["error"]["param"] == "dimensions"
-    assert job["error"]["message"].startswith("dimensions is 1000, but all-MiniLM-L6-v2")
+    assert job["error"]["message"].startswith(f"dimensions is 1000, but {shortening}")

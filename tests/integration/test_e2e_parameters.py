@@ -8,6 +8,7 @@ the control worker are the ``fstack`` of tests/integration/conftest.py."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,11 @@ def test_a_batch_refuses_defaults_it_could_not_take(fsdk) -> None:  # type: igno
         input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h",
         extra_body={"body": {"model": EMB_MODEL, "temperature": 0}}), "body.temperature",
         "unknown_parameter")
+    # every line would be refused: a model not trained for shortened vectors
+    msg = refused(lambda: fsdk.batches.create(
+        input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h",
+        extra_body={"body": {"model": EMB_MODEL, "dimensions": 32}}), "body.dimensions")
+    assert "not trained for shortened vectors" in msg
 
 
 def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # type: ignore[no-untyped-def]
@@ -115,8 +121,8 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
             line("typo", input="x", dimension=8), line("extra", input="x", normalize=False)]
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h",
-                            extra_body={"body": {"model": EMB_MODEL, "dimensions": 32,
-                                                 "encoding_format": "float"}})
+                            extra_body={"body": {"model": EMB_MODEL,
+                                                 "encoding_format": "base64"}})
     b = wait(fsdk, b.id)
     assert b.status == "completed", b
     assert b.request_counts is not None
@@ -126,7 +132,8 @@ def test_batch_lines_with_them_end_in_the_error_file(fsdk, workers) -> None:  # 
     assert set(out) == {"req-own-model", "default-model", "with-user"}
     for x in out.values():
         body = x["response"]["body"]
-        assert body["model"] == EMB_MODEL and len(body["data"][0]["embedding"]) == 32
+        assert body["model"] == EMB_MODEL  # base64 from the defaults: 384 float32 values
+        assert len(base64.b64decode(body["data"][0]["embedding"])) == 384 * 4
     errs = {x["custom_id"]: x["response"] for x in lines(fsdk, b.error_file_id)}
     assert {k: (r["status_code"], r["body"]["error"]["param"], r["body"]["error"]["code"])
             for k, r in errs.items()} == {"typo": (400, "dimension", "unknown_parameter"),

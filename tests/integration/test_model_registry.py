@@ -265,6 +265,7 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
                                "owned_by": m.owned_by, "version": "1", "kind": m.kind,
                                "precision": "fp32", "engine": "auto",
                                "context_length": m.context_length, "tools": m.tools,
+                               "matryoshka": False,
                                "resident_on": [],  # no worker runs on this database
                                "engines_in_use": [],
                                "versions": [{"version": "1", "precision": "fp32",

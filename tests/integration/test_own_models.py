@@ -24,6 +24,7 @@ from typing import Any
 import boto3
 import httpx2
 import numpy as np
+import openai
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import delete, update
@@ -177,7 +178,9 @@ def test_own_models_are_added_and_served(fstack: Any, fsdk: Any, workers: Any,
     assert out[0].startswith(f"{MINI}: version 1 registered (embeddings, fp32, context 256")
     assert out[1:] == ["embeddings: mean pooling + L2 normalisation (the folder's "
                        "sentence-transformers modules)"]
-    out = ok(cli(fstack, "models", "add", BERT, str(own["bert"]), "--kind", "embeddings"))
+    out = ok(cli(fstack, "models", "add", BERT, str(own["bert"]), "--kind", "embeddings",
+                 "--matryoshka"))
+    assert out[0].startswith(f"{BERT}: version 1 registered (embeddings, fp32, matryoshka, ")
     assert out[1:] == ["embeddings: a plain encoder, served with mean pooling + L2 "
                        "normalisation"]
     out = ok(cli(fstack, "models", "add", LLAMA, str(own["llama"]), "--kind", "chat"))
@@ -202,6 +205,15 @@ def test_own_models_are_added_and_served(fstack: Any, fsdk: Any, workers: Any,
                                                       encoding_format="float"))
     assert len(small.data[0].embedding) == 32
     assert abs(np.linalg.norm(small.data[0].embedding) - 1) < 1e-5
+    # Shortened vectors from the model registered as trained for them, only.
+    short = fsdk.embeddings.create(model=BERT, input="placed", dimensions=8,
+                                   encoding_format="float")
+    assert len(short.data[0].embedding) == 8
+    assert abs(np.linalg.norm(short.data[0].embedding) - 1) < 1e-5
+    with pytest.raises(openai.BadRequestError) as e:
+        fsdk.embeddings.create(model=MINI, input="x", dimensions=8)
+    assert (e.value.param, e.value.code) == ("dimensions", "unsupported_parameter")
+    assert "not trained for shortened vectors" in e.value.message
     chat = registered(lambda: fsdk.chat.completions.create(
         model=LLAMA, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
         temperature=0))
@@ -300,6 +312,8 @@ def test_add_from_an_object_store_uri_and_the_admin_api(fstack: Any,
                          ("no folder at",)),
                         ((str(own["bert"]), "--kind", "embeddings", "--engine", "vllm"),
                          ("--engine vllm is for chat and completions",)),
+                        ((str(own["llama"]), "--kind", "chat", "--matryoshka"),
+                         ("only an embeddings model serves shortened vectors",)),
                         ((str(own["llama"]), "--kind", "chat", "--engine", "vllm",
                           "--precision", "int8"), ("serves fp32, bf16, fp16", "not int8"))):
         name = f"own-x-{SFX}" if "--engine" in args else S3M

@@ -33,14 +33,15 @@ FAKE_FILES = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
 
 
 def register(ctx: Context, name: str, kind: str = "embeddings",
-             tools: bool | None = None) -> None:
+             tools: bool | None = None, matryoshka: bool = False) -> None:
     """A registry row only: validation needs no files."""
-    registry.register(ctx, name, "1", kind, "test", FAKE_FILES, 256, tools=tools)
+    registry.register(ctx, name, "1", kind, "test", FAKE_FILES, 256, tools=tools,
+                      matryoshka=matryoshka)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def models(ctx: Context) -> Iterator[None]:
-    register(ctx, MODEL)
+    register(ctx, MODEL, matryoshka=True)  # it serves dimensions
     register(ctx, CHAT_MODEL, "chat", tools=False)
     yield
     with ctx.db.session() as s:
@@ -606,6 +607,20 @@ def test_a_line_with_a_parameter_inferq_does_not_support_gets_an_error_line(
     plan, batch_id = shard(ctx, jsonl(emb))
     assert plan.invalid == 1
     assert errors_by_id(ctx, batch_id)["req-extra"]["body"]["error"]["param"] == "temperature"
+
+
+def test_dimensions_only_for_a_model_trained_for_shortened_vectors(ctx: Context) -> None:
+    full = f"full-embedder-{SUFFIX}"
+    register(ctx, full)  # not matryoshka
+    emb = [line("dims", "x", model=full), line("ok", "x", model=full)]
+    emb[0]["body"]["dimensions"] = 8
+    plan, batch_id = shard(ctx, jsonl(emb))
+    assert plan.invalid == 1 and plan.total == 2
+    err = errors_by_id(ctx, batch_id)["req-dims"]["body"]["error"]
+    assert (err["param"], err["code"]) == ("dimensions", "unsupported_parameter")
+    assert "not trained for shortened vectors" in err["message"]
+    (rows_,) = shard_rows_of(ctx, batch_id)
+    assert [r["custom_id"] for r in rows_] == ["req-ok"]
 
 
 def test_jsonl_lines_take_the_batch_body_defaults_their_own_fields_win(ctx: Context) -> None:

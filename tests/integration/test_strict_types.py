@@ -154,8 +154,10 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
     try:
         service.register_builtin_models(ctx)
         # a registry row is all validation needs: no worker runs these jobs
-        registry.register(ctx, CHAT_MODEL, "1", "chat", "test",
-                          [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
+        files = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
+        registry.register(ctx, CHAT_MODEL, "1", "chat", "test", files, 256)
+        registry.register(ctx, "shortening-embedder", "1", "embeddings", "test", files, 256,
+                          matryoshka=True)  # it serves dimensions
         key = service.create_tenant(ctx, "strict-ok")[1]
         c = create_app(own_settings).test_client()
         c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
@@ -166,7 +168,8 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
                                          "frequency_penalty": 0}),
             job("/v1/completions", {**PROMPT, "temperature": 0.7, "top_p": 0.9,
                                     "max_tokens": 4, "presence_penalty": 0.0}),
-            job("/v1/embeddings", {**EMB, "input": [[101, 2023, 102]], "dimensions": 8,
+            job("/v1/embeddings", {"model": "shortening-embedder",
+                                   "input": [[101, 2023, 102]], "dimensions": 8,
                                    "encoding_format": "base64"}),
         ]
         ids = []

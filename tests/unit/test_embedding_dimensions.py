@@ -1,5 +1,6 @@
 """``dimensions`` is checked in two places, each with what it knows: the door (API,
-batch and job validation) refuses only what no model could serve; the worker, which
+batch and job validation) refuses what no model could serve, and any value for a model
+whose registry entry is not trained for shortened vectors; the worker, which
 holds the model, refuses more dimensions than the model produces, with the same 400
 on every lane (``EmbeddingModel.prepare``)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.catalog import Catalog, ModelInfo
 from jobs.errors import InvalidRequest
 from jobs.requests import parse_embeddings
 from workers.runtime.embeddings import check_dimensions
@@ -19,6 +21,22 @@ def test_the_door_refuses_what_no_model_serves(dims: object) -> None:
     with pytest.raises(InvalidRequest) as e:
         parse_embeddings({"model": MODEL, "input": "x", "dimensions": dims}, 10)
     assert (e.value.status, e.value.param) == (400, "dimensions")
+
+
+def test_only_a_model_trained_for_shortened_vectors_takes_them() -> None:
+    models = Catalog([ModelInfo(MODEL, "embeddings"),
+                      ModelInfo("nested", "embeddings", matryoshka=True)])
+    with pytest.raises(InvalidRequest) as e:
+        parse_embeddings({"model": MODEL, "input": "x", "dimensions": 8}, 10, models)
+    assert (e.value.status, e.value.param, e.value.code) == (400, "dimensions",
+                                                             "unsupported_parameter")
+    assert e.value.message == ("dimensions: unsupported parameter: the model "
+                               "'all-MiniLM-L6-v2' was not trained for shortened vectors (its "
+                               "registry entry is not matryoshka); leave dimensions out for "
+                               "its full vectors")
+    assert parse_embeddings({"model": MODEL, "input": "x"}, 10, models).dimensions is None
+    assert parse_embeddings({"model": "nested", "input": "x", "dimensions": 8}, 10,
+                            models).dimensions == 8
 
 
 def test_the_door_leaves_the_upper_bound_to_the_model() -> None:
