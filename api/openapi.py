@@ -24,6 +24,7 @@ from api import admin, fleet
 from api import schemas as s
 from jobs import partial, tenants, usage
 from jobs.asyncjobs import JobCreate
+from jobs.dispatch import MODEL_LANES
 from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody, ResponsesBody
 from jobs.webhooks import EndpointCreate, EndpointUpdate, RotateSecret, TestSend
 
@@ -65,7 +66,7 @@ OK: dict[str, type[BaseModel]] = {
     "webhooks.deliveries": s.Page[s.Delivery], "webhooks.resend": s.Delivery,
     "webhooks.callback_secret": s.CallbackSecret,
     "webhooks.rotate_callback_secret": s.CallbackSecretWithSecret,
-    "health.healthz": s.Health, "health.readyz": s.Health,
+    "health.healthz": s.Liveness, "health.readyz": s.Health,
     "admin.create_project": s.Project, "admin.list_projects": s.Page[s.Project],
     "admin.retrieve_project": s.Project, "admin.update_project": s.Project,
     "admin.archive_project": s.Project,
@@ -108,7 +109,7 @@ HEADERS = {  # the 200 answer's headers
 
 AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "webhooks"}
 ADMINISTERED = {"admin", "usage", "fleet"}
-NO_BACKEND = {"openapi.openapi", "openapi.docs"}  # everything else may answer 503
+NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest may answer 503
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {
     "batches.create": {404}, "batches.cancel": {409},
@@ -174,6 +175,8 @@ def _usage_params(what: str) -> list[dict[str, Any]]:
 # The view -> its query and header parameters.
 PARAMS: dict[str, list[dict[str, Any]]] = {
     "files.list_": [*PAGE, _param("purpose", "query", {"type": "string", "maxLength": 64})],
+    "health.readyz": [_param("lane", "query", _names(type="string", enum=list(MODEL_LANES)),
+                             description="lanes that must have a live worker")],
     "batches.list_": PAGE, "webhooks.list_": PAGE, "webhooks.deliveries": PAGE,
     "admin.list_service_accounts": PAGE,
     "admin.list_projects": [*PAGE, _param("include_archived", "query", {"type": "boolean"})],
@@ -274,8 +277,9 @@ def _responses(endpoint: str, rule: Rule, view: Any,
         if code in (429, 503):
             resp["headers"] = {"retry-after": {"schema": {"type": "string"},
                                                "description": "seconds to wait"}}
-        if code == 503 and endpoint in ("health.healthz", "health.readyz"):
-            resp = {"description": "not ready: a backend or every worker is missing",
+        if code == 503 and endpoint == "health.readyz":
+            resp = {"description": "not ready: a backend, or a worker of a lane asked for, "
+                                   "is missing",
                     "content": _json("Health")}
         out[str(code)] = resp
     return out, used

@@ -549,6 +549,7 @@ class HealthChecks(Out):
     redis: str
     workers: int
     lanes: dict[str, int]
+    models: dict[str, list[str]]
 
 
 class Health(Out):
@@ -556,6 +557,10 @@ class Health(Out):
 
     status: Literal["ok", "unavailable"]
     checks: HealthChecks
+
+
+class Liveness(Out):
+    status: Literal["ok"]
 
 
 # The Admin API (api/admin.py, api/usage.py) ---------------------------------------------------

@@ -9,6 +9,7 @@ process sees the same Settings.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.process
@@ -364,13 +365,13 @@ class Stack:
                     raise StackError(f"{name} exited with {p.returncode} at start; see "
                                      f"{self.log_dir / (name + '.log')}")
             try:
-                with urlopen(self.base_url + "/healthz", timeout=2):
+                with urlopen(self.base_url + "/readyz", timeout=2) as r:
+                    last = r.read().decode()
+                if not need_workers or json.loads(last)["checks"]["workers"] > 0:
                     return
             except HTTPError as e:
                 last = e.read().decode()
-                if not need_workers and '"database": "ok"' in last.replace('":"', '": "'):
-                    return
-            except (URLError, OSError) as e:
+            except (URLError, OSError, ValueError, KeyError) as e:
                 last = str(e)
             time.sleep(0.3)
         raise TimeoutError(f"the stack did not become healthy: {last}")

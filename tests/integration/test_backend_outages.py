@@ -39,7 +39,8 @@ def test_postgres_restart_is_503_then_recovers(tmp_path: Path, own_redis_url: st
         down = client.get("/v1/batches")
         assert down.status_code == 503, down.get_data(as_text=True)
         assert down.headers["retry-after"] and down.get_json()["error"]["code"] == "unavailable"
-        assert client.get("/healthz").status_code == 503
+        assert client.get("/readyz").status_code == 503  # not ready; alive all the same
+        assert client.get("/healthz").status_code == 200
         pg = EmbeddedPostgres(tmp_path / "pg")  # the same data dir: nothing lost
         deadline = time.monotonic() + 30
         while (r := client.get("/v1/batches")).status_code != 200:

@@ -389,18 +389,29 @@ def test_junk_a_route_does_not_read_changes_nothing(client, ids, admin_key, meth
         assert_error_shape(junk)
 
 
-def test_readyz_matches_healthz(settings, own_redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_liveness_needs_nothing_and_readiness_says_what_it_serves(settings, own_redis_url) -> None:  # type: ignore[no-untyped-def]
     """On a Redis DB no worker heartbeats into (a session stack's workers may be live
-    on the session's): not ready, and both routes say so alike."""
+    on the session's): alive, and ready to take work (batches and jobs wait for
+    workers), serving no lane; ready for a lane only with a live worker on it."""
     from api import create_app
 
     client = create_app(settings.model_copy(update={"redis_url": own_redis_url})).test_client()
-    ready, health = client.get("/readyz"), client.get("/healthz")
-    assert ready.status_code == health.status_code == 503
+    health = client.get("/healthz")
+    assert health.status_code == 200 and health.get_json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.get_data(as_text=True)
     body = ready.get_json()
-    assert body == health.get_json()
+    assert body["status"] == "ok" and body["checks"]["workers"] == 0
     assert body["checks"]["database"] == body["checks"]["redis"] == "ok"
     assert body["checks"]["lanes"] == {"realtime": 0, "jobs": 0, "batch": 0, "flex": 0}
+    assert body["checks"]["models"] == {"realtime": [], "jobs": [], "batch": [], "flex": []}
+    for query in ("?lane=realtime", "?lane=batch&lane=flex", "?lane=jobs,batch"):
+        got = client.get("/readyz" + query)
+        assert got.status_code == 503 and got.get_json()["status"] == "unavailable", query
+        assert got.get_json()["checks"] == body["checks"]
+    bad = client.get("/readyz?lane=gpu")
+    assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "lane"
+
 
 
 def test_openapi_describes_the_served_routes(client, app) -> None:  # type: ignore[no-untyped-def]
