@@ -5,6 +5,15 @@ def file_object(file_id: str) -> str:
     return f"files/{file_id}"
 
 
+def upload_prefix(upload_id: str) -> str:
+    """The parts of an upload (``POST /v1/uploads``) until it is completed or cancelled."""
+    return f"uploads/{upload_id}/"
+
+
+def upload_part(upload_id: str, part_id: str) -> str:
+    return f"uploads/{upload_id}/{part_id}"
+
+
 def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}/"
 

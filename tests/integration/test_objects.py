@@ -6,8 +6,10 @@ import hashlib
 import io
 import os
 import secrets
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,3 +221,125 @@ def test_short_reads_are_not_taken_for_the_end(s3_endpoint: str) -> None:
     n = store.put_stream("k", ConcatReader(iter(blocks)))  # type: ignore[arg-type]
     assert n == sum(map(len, blocks))
     assert store.get_bytes("k") == b"".join(blocks)
+
+
+# compose: an object made of others, in order (an upload's parts) ------------------------
+
+
+class Recording:
+    """A boto3 client whose calls are counted by name (what crossed this process)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture
+def recorded_s3(s3_endpoint: str) -> Iterator[tuple[S3Store, Recording]]:
+    import boto3
+
+    rec = Recording(boto3.client("s3", endpoint_url=s3_endpoint))
+    s3 = S3Store("inferq-test", prefix=f"compose-{secrets.token_hex(4)}", client=rec)
+    yield s3, rec
+    s3.delete_prefix("")
+
+
+def test_compose_streams_small_parts_in_order(store: ObjectStore) -> None:
+    """Parts under S3's 5 MiB minimum (and any parts on a local store): streamed."""
+    parts = [os.urandom(1000), b"x", os.urandom(2 * MiB + 7), os.urandom(4096)]
+    for i, p in enumerate(parts):
+        store.put_bytes(f"parts/{i}", p)
+    order = [2, 0, 3, 1]
+    digest = hashlib.md5()
+    n = store.compose("whole", [f"parts/{i}" for i in order], digest)
+    whole = b"".join(parts[i] for i in order)
+    assert n == len(whole)
+    assert store.get_bytes("whole") == whole
+    assert digest.hexdigest() == hashlib.md5(whole).hexdigest()
+    assert [store.get_bytes(f"parts/{i}") for i in range(4)] == parts  # left as they were
+
+
+def test_compose_of_a_missing_part_writes_nothing(store: ObjectStore) -> None:
+    store.put_bytes("p0", b"a" * 100)
+    with pytest.raises(ObjectNotFound):
+        store.compose("whole", ["p0", "gone"])
+    assert not store.exists("whole")
+
+
+def test_s3_compose_copies_server_side(recorded_s3: tuple[S3Store, Recording]) -> None:
+    """Every part but the last at least 5 MiB: one multipart upload of part copies, no
+    byte of the parts read or sent by this process (unless a digest asks for them)."""
+    s3, rec = recorded_s3
+    parts = [os.urandom(5 * MiB), os.urandom(6 * MiB + 3), os.urandom(100)]
+    for i, p in enumerate(parts):
+        s3.put_bytes(f"p{i}", p)
+    rec.calls.clear()
+    n = s3.compose("whole", ["p1", "p0", "p2"])
+    whole = parts[1] + parts[0] + parts[2]
+    assert n == len(whole)
+    assert rec.calls["upload_part_copy"] == 3
+    assert rec.calls["complete_multipart_upload"] == 1
+    assert rec.calls["get_object"] == rec.calls["upload_part"] == rec.calls["put_object"] == 0
+    assert s3.get_bytes("whole") == whole
+    head = rec.client.head_object(Bucket="inferq-test", Key=s3._key("whole"))
+    assert head["ETag"].strip('"').endswith("-3")  # the three parts, as they were
+
+    rec.calls.clear()
+    digest = hashlib.md5()
+    assert s3.compose("again", ["p0", "p2"], digest) == len(parts[0]) + 100
+    assert digest.hexdigest() == hashlib.md5(parts[0] + parts[2]).hexdigest()
+    assert rec.calls["upload_part_copy"] == 2
+    assert rec.calls["get_object"] == 1  # read back once, for the digest
+    assert rec.calls["upload_part"] == rec.calls["put_object"] == 0
+
+
+def test_s3_compose_streams_when_a_part_is_too_small_to_copy(
+        recorded_s3: tuple[S3Store, Recording]) -> None:
+    s3, rec = recorded_s3
+    parts = [os.urandom(5 * MiB), os.urandom(MiB), os.urandom(5 * MiB)]
+    for i, p in enumerate(parts):
+        s3.put_bytes(f"p{i}", p)
+    rec.calls.clear()
+    digest = hashlib.md5()
+    n = s3.compose("whole", ["p0", "p1", "p2"], digest)  # the middle part is under 5 MiB
+    whole = b"".join(parts)
+    assert n == len(whole)
+    assert rec.calls["upload_part_copy"] == 0
+    assert rec.calls["get_object"] == 3  # each part read once, streamed
+    assert s3.get_bytes("whole") == whole
+    assert digest.hexdigest() == hashlib.md5(whole).hexdigest()
+
+
+def test_s3_compose_aborts_a_failed_copy(recorded_s3: tuple[S3Store, Recording]) -> None:
+    """A part deleted between the sizes and its copy: the multipart upload is aborted
+    and no object is left under the key."""
+    s3, rec = recorded_s3
+    s3.put_bytes("p0", os.urandom(5 * MiB))
+    s3.put_bytes("p1", b"tail")
+    real = rec.client.upload_part_copy
+
+    def copy_then_vanish(**kw: Any) -> Any:
+        out = real(**kw)
+        rec.client.delete_object(Bucket="inferq-test", Key=s3._key("p1"))
+        return out
+
+    rec.client.upload_part_copy = copy_then_vanish
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError):
+        s3.compose("whole", ["p0", "p1"])
+    assert rec.calls["abort_multipart_upload"] >= 1
+    assert not s3.exists("whole")
+    uploads = rec.client.list_multipart_uploads(Bucket="inferq-test", Prefix=s3._key(""))
+    assert uploads.get("Uploads", []) == []
