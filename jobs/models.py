@@ -159,6 +159,50 @@ class File(Base):
     __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
 
 
+class Upload(Base):
+    """A file sent in parts (``POST /v1/uploads``; jobs/batches/uploads.py). ``status``
+    is pending until it is completed (``file_id`` is then the File made of its parts,
+    ``part_ids`` their order, ``md5`` the checksum verified, if one was given) or
+    cancelled; a pending upload past ``expires_at`` is expired, whether or not the
+    janitor has written so yet. ``file_expires_after``: the File's ``expires_at`` is
+    its ``created_at`` plus these seconds (``expires_after``)."""
+
+    __tablename__ = "uploads"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(128))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))  # UploadStatus
+    file_expires_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    part_ids: Mapped[list[Any] | None] = mapped_column(JSONB, nullable=True)
+    md5: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_uploads_tenant_id_id", "tenant_id", "id"),
+        Index("ix_uploads_status_expires_at", "status", "expires_at"),
+    )
+
+
+class UploadPart(Base):
+    """One part of an upload, stored as an object of its own until the upload ends."""
+
+    __tablename__ = "upload_parts"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    object_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+    __table_args__ = (Index("ix_upload_parts_upload_id_id", "upload_id", "id"),)
+
+
 class Batch(Base):
     __tablename__ = "batches"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

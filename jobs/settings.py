@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir)
 
     # Limits a client can hit (all streamed, so these are policy, not memory).
-    max_upload_bytes: int = 8 * 1024**3
+    max_upload_bytes: int = 8 * 1024**3  # a file, and an upload's total (POST /v1/uploads)
+    max_upload_part_bytes: int = 64 * 1024**2  # one part of an upload
     max_line_bytes: int = 4 * 1024**2
     max_requests_per_batch: int = 5_000_000
     max_embedding_inputs: int = 2048

@@ -1,4 +1,4 @@
-"""Lifecycles (batch, shard, job, idempotency key, a worker's circuit breaker, a token
+"""Lifecycles (batch, upload, shard, job, idempotency key, a worker's circuit breaker, a token
 stream) as enums, and which batch transitions are allowed."""
 
 from __future__ import annotations
@@ -32,6 +32,16 @@ ALLOWED: dict[BatchStatus, set[BatchStatus]] = {
 
 def can_move(src: str, dst: str) -> bool:
     return BatchStatus(dst) in ALLOWED.get(BatchStatus(src), set())
+
+
+class UploadStatus(StrEnum):
+    """An upload (``POST /v1/uploads``): pending until completed, cancelled or expired.
+    Expired is also what a pending upload past its ``expires_at`` reads as."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
 class ShardStatus(StrEnum):
