@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         models,
         openapi,
         ui,
+        uploads,
         usage,
         webhooks,
     )
@@ -67,7 +68,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     metrics.register(app, app.extensions["inferq"].redis)  # first: it times the whole request
     app.extensions["inferq_metrics"].register(admission.collector(app.extensions["inferq"]))
 
-    v1 = (files, batches, inference, jobs, models, webhooks)
+    v1 = (files, uploads, batches, inference, jobs, models, webhooks)
     authenticated = {mod.bp.name for mod in v1}
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
     organization = (admin, usage, fleet)
@@ -78,10 +79,16 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.before_request
     def bound_body() -> None:
         """Every body is bounded, whatever its framing (a Content-Length or chunks):
-        an upload by max_upload_bytes, any other request by MAX_JSON_BODY (413). The
-        stream stops one byte past the limit, so that a body over it can be told from
-        one of exactly its length (api.schemas.json_body)."""
-        limit = settings.max_upload_bytes if request.endpoint in files.UPLOADS else MAX_JSON_BODY
+        a file's upload by max_upload_bytes, an upload's part by max_upload_part_bytes
+        (plus its form's framing), any other request by MAX_JSON_BODY (413). The stream
+        stops one byte past the limit, so that a body over it can be told from one of
+        exactly its length (api.schemas.json_body)."""
+        if request.endpoint in files.UPLOADS:
+            limit = settings.max_upload_bytes
+        elif request.endpoint in uploads.PARTS:
+            limit = settings.max_upload_part_bytes + uploads.FORM_SLACK
+        else:
+            limit = MAX_JSON_BODY
         request.max_content_length = limit + 1
 
     @app.before_request

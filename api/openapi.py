@@ -24,6 +24,7 @@ from api import admin, fleet
 from api import schemas as s
 from jobs import partial, tenants, usage
 from jobs.asyncjobs import JobCreate
+from jobs.batches.uploads import UploadComplete, UploadCreate
 from jobs.dispatch import MODEL_LANES
 from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody, ResponsesBody
 from jobs.webhooks import EndpointCreate, EndpointUpdate, RotateSecret, TestSend
@@ -32,7 +33,8 @@ bp = Blueprint("openapi", __name__, template_folder="templates")
 
 # The view (endpoint name) -> the model its JSON body is parsed with.
 BODIES: dict[str, type[BaseModel]] = {
-    "batches.create": BatchCreate, "inference.embeddings": EmbeddingsBody,
+    "batches.create": BatchCreate, "uploads.create": UploadCreate,
+    "uploads.complete": UploadComplete, "inference.embeddings": EmbeddingsBody,
     "inference.chat_completions": ChatBody, "inference.completions": CompletionBody,
     "inference.responses": ResponsesBody,
     "jobs.create": JobCreate, "webhooks.create": EndpointCreate,
@@ -45,12 +47,15 @@ BODIES: dict[str, type[BaseModel]] = {
 # Bodies that may be left out entirely (every field optional).
 OPTIONAL_BODIES = {"webhooks.update", "webhooks.rotate_secret", "webhooks.rotate_callback_secret",
                    "admin.update_project", "admin.create_key"}
-UPLOADS: dict[str, type[BaseModel]] = {"files.create": s.FileUpload}
+UPLOADS: dict[str, type[BaseModel]] = {"files.create": s.FileUpload,
+                                       "uploads.add_part": s.PartUpload}
 
 # The view -> the model of its 200 JSON answer.
 OK: dict[str, type[BaseModel]] = {
     "files.create": s.FileObject, "files.list_": s.Page[s.FileObject],
     "files.retrieve": s.FileObject, "files.delete": s.Deleted,
+    "uploads.create": s.UploadObject, "uploads.add_part": s.UploadPartObject,
+    "uploads.complete": s.UploadObject, "uploads.cancel": s.UploadObject,
     "batches.create": s.BatchObject, "batches.list_": s.Page[s.BatchObject],
     "batches.retrieve": s.BatchObject, "batches.cancel": s.BatchObject,
     "inference.embeddings": s.EmbeddingsResponse,
@@ -107,12 +112,12 @@ HEADERS = {  # the 200 answer's headers
                                               "inference.completions",
                                               "inference.responses")}}
 
-AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "webhooks"}
+AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "uploads", "webhooks"}
 ADMINISTERED = {"admin", "usage", "fleet"}
 NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest may answer 503
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {
-    "batches.create": {404}, "batches.cancel": {409},
+    "batches.create": {404}, "batches.cancel": {409}, "uploads.cancel": {400},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
     "inference.completions": {413, 429, 504}, "inference.responses": {413, 429, 504},
     "jobs.create": {429},
@@ -121,7 +126,8 @@ ERRORS: dict[str, set[int]] = {
     "admin.archive_project": {409}, "admin.create_service_account": {409},
     "admin.create_key": {409}, "admin.update_rate_limit": {409},
     "fleet.add": {409}, "fleet.remove": {409}}
-IDEMPOTENT = {"batches.create", "files.create", "jobs.create"}
+IDEMPOTENT = {"batches.create", "files.create", "jobs.create", "uploads.create",
+              "uploads.add_part"}
 STATUS_TEXT = {200: "success", 204: "no content", 400: "invalid request",
                401: "no valid API key", 403: "the key may not do this",
                404: "no such object", 409: "conflicts with the object's state",

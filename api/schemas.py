@@ -10,8 +10,9 @@ import orjson
 from flask import request
 from pydantic import BaseModel, ConfigDict
 
+from jobs.batches.uploads import status_of
 from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
-from jobs.models import Batch, File
+from jobs.models import Batch, File, Upload, UploadPart
 from jobs.repository import ShardSums
 from jobs.status import BatchStatus, DeliveryStatus, JobStatus
 
@@ -21,7 +22,8 @@ MAX_JSON_DEPTH = 64
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _MISSING = {"file_id": "No such File object: {}", "batch_id": "No such Batch object: {}",
-            "job_id": "No such job: {}", "model_id": "The model {} does not exist"}
+            "job_id": "No such job: {}", "model_id": "The model {} does not exist",
+            "upload_id": "No such Upload object: {}"}
 
 
 MAX_JSON_BODY = 64 * 1024 * 1024  # bytes of any request body but an upload's
@@ -108,6 +110,18 @@ def file_object(f: File) -> dict[str, Any]:
             "expires_at": f.expires_at, "status_details": None}
 
 
+def upload_object(up: Upload, f: File | None) -> dict[str, Any]:
+    """The OpenAI upload object; ``file`` is the File it made (once completed)."""
+    return {"id": up.id, "object": "upload", "bytes": up.bytes, "created_at": up.created_at,
+            "expires_at": up.expires_at, "filename": up.filename, "purpose": up.purpose,
+            "status": status_of(up).value, "file": file_object(f) if f is not None else None}
+
+
+def upload_part_object(p: UploadPart) -> dict[str, Any]:
+    return {"id": p.id, "object": "upload.part", "created_at": p.created_at,
+            "upload_id": p.upload_id}
+
+
 def batch_object(b: Batch, sums: ShardSums) -> dict[str, Any]:
     """The OpenAI batch object; ``sums`` are its shards' (all zero before it has
     shards). ``usage`` is the sum of the usage of its output lines."""
@@ -190,6 +204,31 @@ class FileUpload(BaseModel):
 
     file: bytes
     purpose: Literal["batch"]
+
+
+class UploadObject(Out):
+    id: str
+    object: Literal["upload"]
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: str
+    status: Literal["pending", "completed", "cancelled", "expired"]
+    file: FileObject | None
+
+
+class UploadPartObject(Out):
+    id: str
+    object: Literal["upload.part"]
+    created_at: int
+    upload_id: str
+
+
+class PartUpload(BaseModel):
+    """The multipart form of ``POST /v1/uploads/{upload_id}/parts``."""
+
+    data: bytes
 
 
 class BatchError(BaseModel):

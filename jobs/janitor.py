@@ -17,7 +17,9 @@ Run by the control worker every few seconds (``sweep``). It
 - decides again where jobs waiting on a version's list go (``jobs.asyncjobs
   .place_waiting``): a version no live jobs worker holds is placed, and the jobs of
   one that cannot be had are refused (``model_not_loaded``), so a job pushed while
-  no jobs worker was live, or as its version's load failed, does not wait forever.
+  no jobs worker was live, or as its version's load failed, does not wait forever;
+- marks pending uploads past their ``expires_at`` expired and deletes their parts
+  (``jobs.batches.uploads.expire``).
 Every change is a conditional UPDATE, so two janitors (or a janitor racing a
 worker) cannot both act on the same shard.
 """
@@ -31,6 +33,7 @@ from sqlalchemy import and_, exists, func, select, update
 
 from jobs import asyncjobs, fairshare, placement
 from jobs import repository as repo
+from jobs.batches import uploads
 from jobs.context import Context
 from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard, now
@@ -48,6 +51,7 @@ class SweepReport:
     dispatched: list[str] = field(default_factory=list)
     placed: list[tuple[str, str, str]] = field(default_factory=list)  # warm pools' commands
     unplaceable: list[str] = field(default_factory=list)  # versions whose jobs were refused
+    expired_uploads: list[str] = field(default_factory=list)
 
 
 def sweep(ctx: Context) -> SweepReport:
@@ -70,6 +74,7 @@ def sweep(ctx: Context) -> SweepReport:
                                           Shard.status == ShardStatus.QUEUED)
                       .values(updated_at=0.0))
         raise
+    rep.expired_uploads = uploads.expire(ctx)
     return rep
 
 

@@ -87,14 +87,16 @@ def ids(world) -> dict[str, str]:  # type: ignore[no-untyped-def]
     proj = c.post(org, json={"name": "openapi-p"}, headers=admin).get_json()["id"]
     sa = c.post(f"{org}/{proj}/service_accounts", json={"name": "sa"}, headers=admin)
     limits = c.get(f"{org}/{proj}/rate_limits", headers=admin).get_json()["data"]
-    for r in (f, b, job, hook, sa):
+    up = c.post("/v1/uploads", json={"bytes": len(line), "filename": "in.jsonl",
+                                     "mime_type": "application/jsonl", "purpose": "batch"})
+    for r in (f, b, job, hook, sa, up):
         assert r.status_code == 200, r.get_data(as_text=True)
     return {"file_id": f.get_json()["id"], "batch_id": b.get_json()["id"],
             "job_id": job.get_json()["id"], "webhook_endpoint_id": hook.get_json()["id"],
             "model_id": "all-MiniLM-L6-v2", "project_id": proj,
             "service_account_id": sa.get_json()["id"],
             "api_key_id": sa.get_json()["api_key"]["id"], "rate_limit_id": limits[0]["id"],
-            "asset": "app.js"}
+            "upload_id": up.get_json()["id"], "asset": "app.js"}
 
 
 def test_every_route_is_described(world) -> None:  # type: ignore[no-untyped-def]
@@ -149,6 +151,8 @@ def real_bodies(ids: dict[str, str]) -> dict[str, dict[str, Any]]:
     return {"batches.create": {"input_file_id": ids["file_id"], "endpoint": "/v1/embeddings",
                                "completion_window": "24h"},
             "jobs.create": {"endpoint": "/v1/embeddings", "body": emb},
+            "uploads.create": {"bytes": 10, "filename": "in.jsonl",
+                               "mime_type": "application/jsonl", "purpose": "batch"},
             "webhooks.create": {"name": "w", "url": "https://93.184.216.34/w",
                                 "event_types": ["job.failed"]},
             "inference.embeddings": emb, "inference.chat_completions": {**chat, "stream": True},
@@ -210,7 +214,8 @@ def test_answers_conform_to_the_description(world, api_schema, ids) -> None:  # 
     assert {"files.retrieve", "files.content", "batches.retrieve", "batches.events",
             "jobs.retrieve", "webhooks.retrieve", "webhooks.rotate_secret", "models.retrieve",
             "admin.retrieve_project", "admin.retrieve_key", "usage.costs",
-            "batches.create", "jobs.create", "webhooks.create", "health.metrics"} <= succeeded
+            "batches.create", "jobs.create", "webhooks.create", "health.metrics",
+            "uploads.create", "uploads.cancel"} <= succeeded
     for op in ("inference.embeddings", "inference.chat_completions", "inference.completions"):
         assert 503 in seen[op], seen[op]  # no worker: refused at once, a stream included
     assert not failures, "\n\n".join(failures)
