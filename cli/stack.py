@@ -12,6 +12,7 @@ import contextlib
 import json
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import secrets
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
+from cli.lifeline import Lifeline
 from cli.supervisor import Child
 from jobs.dispatch import lane_queues
 from jobs.settings import Settings
@@ -168,13 +170,26 @@ class ForkedChild:
         return self._proc.exitcode
 
     def poll(self) -> int | None:
-        return self._proc.exitcode
+        code = self._proc.exitcode
+        # The fork server reports its children's exits; were it gone, every child would
+        # read as exited: a child whose process group still exists has not.
+        return None if code is not None and self._group_alive() else code
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._proc.join(timeout)
-        if self._proc.exitcode is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        return self._proc.exitcode
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.05)
+        return code
 
 
 def _fork_server() -> multiprocessing.context.ForkServerContext:
@@ -208,6 +223,9 @@ class Stack:
         self.api_key = ""
         self.admin_key = ""
         self.stop_signals = stop_signals or StopSignals()  # not installed: never raises
+        # Stops what this stack started should its process die without stopping it.
+        self.lifeline: Lifeline | None = None
+        self._fork_server_pid: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -222,11 +240,15 @@ class Stack:
             with self.stop_signals.held():
                 pg = EmbeddedPostgres(data / "pg")
                 self.backends.append(pg)
+                if pg.pid is not None:  # SIGINT: PostgreSQL's fast shutdown
+                    self._outlive(pg.pid, signal.SIGINT, group=False)
             updates["database_url"] = pg.url
         if not st.redis_url:
             with self.stop_signals.held():
                 r = EmbeddedRedis(data / "redis")
                 self.backends.append(r)
+                if r.proc is not None:
+                    self._outlive(r.proc.pid, signal.SIGTERM, group=False)
             updates["redis_url"] = r.url
         if not st.object_store_url:
             updates["object_store_url"] = f"file://{data / 'objects'}"
@@ -268,6 +290,11 @@ class Stack:
                     args=(cmd, child_env, str(self.log_path(name)), str(ROOT)))
                 child.start()
                 proc = ForkedChild(child, cmd)
+                server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid",
+                                 None)
+                if server is not None and server != self._fork_server_pid:
+                    self._fork_server_pid = server
+                    self._outlive(server, signal.SIGTERM, group=False)
             else:
                 with self.log_path(name).open("ab") as log:
                     proc = subprocess.Popen(cmd, env=child_env, stdout=log,
@@ -275,7 +302,27 @@ class Stack:
                                             cwd=ROOT, start_new_session=True)
             self.procs[name] = proc
             self.commands[name] = (cmd, env, forked)
+            self._outlive(proc.pid, signal.SIGTERM, group=True)
         return proc
+
+    def _stop_fork_server(self) -> None:
+        """The fork server this stack started stops with it (multiprocessing would keep
+        it until this process exits, and a stack may not be all the process does)."""
+        server = multiprocessing.forkserver._forkserver
+        if self._fork_server_pid is None or getattr(server, "_forkserver_pid",
+                                                    None) != self._fork_server_pid:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._fork_server_pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            server._stop()  # type: ignore[attr-defined]  # reaps it; a new one starts on demand
+        self._fork_server_pid = None
+
+    def _outlive(self, pid: int, sig: int, group: bool) -> None:
+        """Have the lifeline stop ``pid`` should this process die first (cli.lifeline)."""
+        if self.lifeline is None:
+            self.lifeline = Lifeline()
+        self.lifeline.add(pid, sig, group)
 
     def respawn(self, name: str) -> Child:
         """Start child ``name`` again, as it was first started (``inferq up``'s
@@ -332,13 +379,24 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / "models-import.log"
         with path.open("ab") as log:
+            with self.stop_signals.held():
+                p = subprocess.Popen([sys.executable, "-m", "cli.main", "models", "import",
+                                      *names], env=self.env(), stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=ROOT, start_new_session=True)
+                self._outlive(p.pid, signal.SIGTERM, group=True)
             try:
-                p = subprocess.run([sys.executable, "-m", "cli.main", "models", "import", *names],
-                                   env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, cwd=ROOT, timeout=timeout)
+                p.wait(timeout)
             except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
                 raise StackError(f"importing models {', '.join(names)} did not finish in "
                                  f"{timeout:g} s; see {path}") from None
+            except BaseException:  # a stop while it runs: it goes too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+                p.wait()
+                raise
         if p.returncode != 0:
             raise StackError(f"importing models {', '.join(names)} failed "
                              f"({p.returncode}); see {path}")
@@ -416,9 +474,13 @@ class Stack:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self.procs.clear()
+        self._stop_fork_server()
         for b in reversed(self.backends):
             b.stop()
         self.backends.clear()
+        if self.lifeline is not None:
+            self.lifeline.done()
+            self.lifeline = None
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -29,8 +29,18 @@ class EmbeddedPostgres:
             import pgserver
 
         pgdata.mkdir(parents=True, exist_ok=True)
+        self.pgdata = pgdata
         self.server = pgserver.get_server(pgdata, cleanup_mode="stop")
         self.url = self.server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's process id (its ``postmaster.pid``), None if it is not running."""
+        try:
+            first = (self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0]
+        except OSError:
+            return None
+        return int(first) if first.strip().isdigit() else None
 
     def psql(self, sql: str) -> str:
         return str(self.server.psql(sql))

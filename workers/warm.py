@@ -4,7 +4,15 @@ nothing here reads inferq's settings, which belong to each forked worker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+
+# The fork server leads a session of its own, as its workers do: a signal to the
+# stack's process group (Ctrl-C, an orchestrator's SIGTERM) is the stack's to handle,
+# and the stack stops the fork server once the workers forked from it have stopped
+# (cli.stack; cli.lifeline should the stack die first).
+with contextlib.suppress(OSError):
+    os.setsid()
 
 # huggingface_hub reads this when imported; every stack child runs offline (cli.stack).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

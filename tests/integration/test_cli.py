@@ -478,3 +478,38 @@ def test_sigterm_while_up_starts_stops_everything(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert left == [], (stage, left)
         assert not (data / "stack.json").exists()
+
+
+@pytest.mark.parametrize("end", ["SIGKILL of up", "SIGTERM to its group"])
+def test_what_up_started_dies_with_it_however_it_ends(tmp_path: Path, end: str) -> None:
+    """`up` killed outright runs no cleanup of its own, and a signal to its process
+    group misses every child that leads a group or session of its own (the workers,
+    the fork server, PostgreSQL's daemon): whatever `up` started is stopped all the
+    same (cli.lifeline), the fork server and its model worker included."""
+    import psutil
+
+    data = tmp_path / "data"
+    env = clean_env(data, INFERQ_CHAT_MODEL="")
+    with (tmp_path / "up.err").open("w") as err:
+        proc = subprocess.Popen([*CLI, "up", "--port", str(free_port())], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if not first.startswith("inferq is up"):
+        proc.kill()
+        pytest.fail(first + (tmp_path / "up.err").read_text())
+    postmaster = int((data / "pg" / "postmaster.pid").read_text().split()[0])
+    started = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(postmaster)]
+    shown_ = [" ".join(p.cmdline())[:100] for p in started]
+    # the fork server and the model worker forked from it; the control worker; backends
+    assert sum("multiprocessing.forkserver" in c for c in shown_) >= 2, shown_
+    assert any("celeryd: control" in c for c in shown_), shown_
+    assert any("redis-server" in c for c in shown_) and any("cli.lifeline" in c for c in shown_)
+    if end == "SIGKILL of up":
+        proc.kill()
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(90)
+    _, alive = psutil.wait_procs(started, timeout=60)
+    assert alive == [], [" ".join(p.cmdline())[:100] for p in alive if p.is_running()]
