@@ -33,16 +33,16 @@ demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
 # The tests that share the session's stacks (the end-to-end tests, the failure
-# matrix) run in one pytest process, in order; every other test (the CLI's
-# `inferq up` of its own included, and the own-models stack, to even out the two)
-# runs beside it in a second one: the two cores are shared by one stack and
-# lighter tests.
+# matrix) run in one pytest process, in order; every other test (those that start a
+# stack of their own: the CLI's `inferq up`, the supervised `up`, the backend restarts,
+# the private services and the own-models stack, to even out the two) runs beside it
+# in a second one: the two cores are shared by the two processes' stacks.
 STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.py \
 	test_e2e_shapes.py test_e2e_context_length.py test_e2e_model_routing.py \
-	test_failures.py test_backend_outages.py test_backend_restarts.py \
-	test_upload_memory.py test_private_services.py test_fair_share.py test_usage.py \
+	test_failures.py test_backend_outages.py \
+	test_upload_memory.py test_fair_share.py test_usage.py \
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
-	test_metrics.py test_tracing.py test_admission.py test_supervision.py test_simulated_fleet.py \
+	test_metrics.py test_tracing.py test_admission.py test_simulated_fleet.py \
 	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py \
 	test_e2e_structured.py test_e2e_tools.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
