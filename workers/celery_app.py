@@ -200,6 +200,55 @@ class ShardQueuesAfterModels(bootsteps.StartStopStep):
 if settings.lane_set.intersection(MODEL_LANES) and process.shard_consumers.queues:
     app.steps["consumer"].add(ShardQueuesAfterModels)
 
+# The exit status of a worker that cannot load the models it was configured to hold
+# (sysexits' EX_CONFIG): restarting it with the same settings would not help.
+EX_CONFIG = 78
+
+
+def _unservable_flag(main_pid: int) -> Path:
+    """Written by the main process's pool child when the models it was configured with
+    could not be loaded: why (text)."""
+    return Path(tempfile.gettempdir()) / f"inferq-unservable-{main_pid}"
+
+
+class ExitWhenUnservable(bootsteps.StartStopStep):
+    """Main process of a model worker: when its pool child could not load the models
+    the worker was configured with, the worker exits with status ``EX_CONFIG`` and
+    the reason in its log, instead of living on without ever serving (its heartbeat
+    would never start: the API would count no worker while the process looks alive,
+    and no orchestrator would restart it)."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.tick: Any = None
+
+    def start(self, c: Any) -> None:
+        self.tick = c.timer.call_repeatedly(0.5, self._check, ())
+
+    def stop(self, c: Any) -> None:
+        if self.tick is not None:
+            self.tick.cancel()
+
+    def _check(self) -> None:
+        from celery.worker import state
+
+        flag = _unservable_flag(os.getpid())
+        try:
+            why = flag.read_text()
+        except OSError:
+            return
+        if not state.should_stop:
+            logging.getLogger("inferq.worker").critical(
+                "this worker cannot serve what it was configured for, exiting (status %d): %s",
+                EX_CONFIG, why)
+            state.should_stop = EX_CONFIG  # the worker's exit status
+
+
+if settings.lane_set.intersection(MODEL_LANES):
+    app.steps["consumer"].add(ExitWhenUnservable)
+
 
 def draining() -> bool:
     """True once this worker is shutting down (SIGTERM: a spot notice or a deploy).
@@ -213,6 +262,7 @@ def draining() -> bool:
 def _init_main(**_: Any) -> None:
     _drain_flag(os.getpid()).unlink(missing_ok=True)
     _ready_flag(os.getpid()).unlink(missing_ok=True)
+    _unservable_flag(os.getpid()).unlink(missing_ok=True)
 
 
 @worker_shutting_down.connect
@@ -239,7 +289,17 @@ def _init_child(**_: Any) -> None:
             "metrics server on %s:%s did not start: %s", settings.worker_metrics_host,
             settings.worker_metrics_port, e)
     if settings.lane_set.intersection(MODEL_LANES):
-        announce_ready(process.runtime().resident())  # now take shards
+        from workers.worker_runtime import CannotServe
+
+        try:
+            rt = process.runtime()
+        except CannotServe as e:
+            logging.getLogger("inferq.worker").critical("%s", e)
+            flag = _unservable_flag(os.getppid())
+            flag.with_suffix(".tmp").write_text(str(e))
+            flag.with_suffix(".tmp").replace(flag)
+            os._exit(EX_CONFIG)  # the main process exits with it (ExitWhenUnservable)
+        announce_ready(rt.resident())  # now take shards
     if "control" in settings.lane_set:
         process.start_janitor()
 

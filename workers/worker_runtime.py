@@ -219,6 +219,11 @@ class WorkerRuntime:
             t.stop()
 
 
+class CannotServe(RuntimeError):
+    """A model the worker was configured to hold from its start could not be loaded:
+    the worker cannot serve what it was started for, and exits saying why."""
+
+
 def initial_models(settings: Settings) -> list[str]:
     """What a worker holds from its start: its embedding model, its chat model and the
     versions ``INFERQ_MODELS`` lists (each a name, for its default version, or
@@ -248,8 +253,11 @@ def build_runtime(settings: Settings, ctx: Context,
         try:
             residency.load(ref, "configured")
         except ValueError as e:
-            raise RuntimeError(f"model {ref!r} could not be loaded: {e} (run `inferq "
-                               "models import` first)") from e
+            raise CannotServe(f"model {ref!r} could not be loaded: {e} (run `inferq "
+                              "models import` first)") from e
+        except Exception as e:  # noqa: BLE001 - a load that failed otherwise: said whole
+            raise CannotServe(f"model {ref!r} could not be loaded: "
+                              f"{type(e).__name__}: {e}") from e
     accelerator = loader.device or ("cpu" if settings.accelerator != simulated.ACCELERATOR
                                     else simulated.ACCELERATOR)
     rt = WorkerRuntime(settings, ctx, name, breaker, residency, accelerator,
