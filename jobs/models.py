@@ -3,6 +3,7 @@ where the API exposes them, so no conversion happens on the hot read path."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from typing import Any
@@ -197,6 +198,8 @@ class UploadPart(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"))
     bytes: Mapped[int] = mapped_column(BigInteger)
+    # its first bytes (up to 4): the composed file's format is told from the parts' heads
+    head: Mapped[builtins.bytes] = mapped_column(LargeBinary)  # (``bytes`` is a column here)
     object_key: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
 

@@ -35,7 +35,7 @@ from jobs.models import File, Upload, UploadPart, new_id, now
 from jobs.service import UPLOAD_PURPOSES
 from jobs.status import UploadStatus
 from storage import keys
-from storage.objects import MAX_PARTS, read_full
+from storage.objects import MAX_PARTS
 from storage.parquet import is_parquet
 
 log = logging.getLogger("inferq.uploads")
@@ -185,6 +185,8 @@ def add_part(ctx: Context, tenant_id: str, upload_id: str, data: IO[bytes]) -> U
         if size > up.bytes:
             raise InvalidRequest(f"the part's {size} bytes are more than the upload's "
                                  f"{up.bytes}", param="data")
+    head = data.read(4)
+    data.seek(0)
     part_id = new_id("part_")
     key = keys.upload_part(upload_id, part_id)
     stored = ctx.store.put_stream(key, data)
@@ -194,8 +196,8 @@ def add_part(ctx: Context, tenant_id: str, upload_id: str, data: IO[bytes]) -> U
         with ctx.db.session() as s:
             up = _get(s, tenant_id, upload_id, share=True)
             _require_pending(up, "add a part to")
-            part = UploadPart(id=part_id, upload_id=upload_id, bytes=stored, object_key=key,
-                              created_at=now())
+            part = UploadPart(id=part_id, upload_id=upload_id, bytes=stored, head=head,
+                              object_key=key, created_at=now())
             s.add(part)
     except BaseException:
         ctx.store.delete(key)
@@ -229,8 +231,7 @@ def complete(ctx: Context, tenant_id: str, upload_id: str,
                 raise InvalidRequest(f"md5 {req.md5} does not match the parts' bytes "
                                      f"(their md5 is {digest.hexdigest()})", param="md5",
                                      code="md5_mismatch")
-            with ctx.store.open(key) as fh:
-                head = read_full(fh, 4)
+            head = b"".join(p.head for p in parts)[:4]  # the file's first bytes
             t = now()
             f = File(id=file_id, tenant_id=tenant_id, filename=up.filename,
                      purpose=up.purpose, format="parquet" if is_parquet(head) else "jsonl",

@@ -2,8 +2,8 @@
 
 ``uploads``: one row per upload (its declared size, name, purpose and MIME type, its
 status, and once completed the File it made, the parts' order and the md5 verified);
-``upload_parts``: one row per part received, each an object of its own in the store
-until the upload is completed, cancelled or expired.
+``upload_parts``: one row per part received (its size and first bytes), each an object
+of its own in the store until the upload is completed, cancelled or expired.
 
 Revision ID: 0015
 Revises: 0014
@@ -51,6 +51,7 @@ def upgrade() -> None:
         sa.Column("id", sa.String(length=40), nullable=False),
         sa.Column("upload_id", sa.String(length=40), nullable=False),
         sa.Column("bytes", sa.BigInteger(), nullable=False),
+        sa.Column("head", sa.LargeBinary(), nullable=False),
         sa.Column("object_key", sa.String(length=1024), nullable=False),
         sa.Column("created_at", sa.BigInteger(), nullable=False),
         sa.ForeignKeyConstraint(["upload_id"], ["uploads.id"], ondelete="CASCADE"),
