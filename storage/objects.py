@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -26,6 +27,8 @@ CHUNK = 1024 * 1024
 # S3's multipart rules: every part but the last at least 5 MiB, at most 5 GiB each, at
 # most 10,000 parts.
 MIN_PART, MAX_PART, MAX_PARTS = 5 * CHUNK, 5 * 1024**3, 10_000
+SINGLE_PUT = 64 * CHUNK  # the most a rewindable stream sends as one PUT (S3Store)
+COPIES = 8  # part copies in flight at once (S3Store.compose)
 
 
 class ObjectNotFound(KeyError):
@@ -194,13 +197,21 @@ class S3Store(ObjectStore):
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
         """Retried as a whole only when the stream can be rewound; otherwise botocore's
-        per-part retries are all there is (a retry must never upload a truncated rest)."""
+        per-part retries are all there is (a retry must never upload a truncated rest).
+        A rewindable stream read from its start and of at most ``SINGLE_PUT`` bytes (a
+        spooled request body, an upload's part) goes up as one PUT that botocore reads
+        from it in blocks."""
         if not (hasattr(stream, "seekable") and stream.seekable()):
             return self._upload(key, stream)
         start = stream.tell()
+        size = stream.seek(0, io.SEEK_END) - start
+        stream.seek(start)
 
         def attempt() -> int:
             stream.seek(start)
+            if start == 0 and size <= SINGLE_PUT:  # botocore rewinds a body to 0
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=stream)
+                return size
             return self._upload(key, stream)
 
         return int(_retry(attempt)())
@@ -232,9 +243,9 @@ class S3Store(ObjectStore):
 
     def compose(self, key: str, part_keys: Sequence[str], digest: Digest | None = None) -> int:
         """A server-side copy when S3 can make the parts those of one multipart upload
-        (every part but the last at least 5 MiB): ``upload_part_copy`` per part, no byte
-        through this process (but those ``digest`` reads back, once, when given);
-        otherwise the streamed default."""
+        (every part but the last at least 5 MiB): ``upload_part_copy`` per part, up to
+        ``COPIES`` at once, no byte through this process (but those ``digest`` reads
+        back, once, when given); otherwise the streamed default."""
         sizes = [self.size(k) for k in part_keys]
         if not (0 < len(sizes) <= MAX_PARTS and all(n >= MIN_PART for n in sizes[:-1])
                 and all(n <= MAX_PART for n in sizes)):
@@ -248,13 +259,16 @@ class S3Store(ObjectStore):
     def _copy_parts(self, key: str, part_keys: Sequence[str]) -> None:
         k = self._key(key)
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
-        parts: list[dict[str, Any]] = []
+
+        def copy(n: int, part: str) -> dict[str, Any]:
+            r = self.client.upload_part_copy(
+                Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=n,
+                CopySource={"Bucket": self.bucket, "Key": self._key(part)})
+            return {"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]}
+
         try:
-            for n, part in enumerate(part_keys, 1):
-                r = self.client.upload_part_copy(
-                    Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=n,
-                    CopySource={"Bucket": self.bucket, "Key": self._key(part)})
-                parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+            with ThreadPoolExecutor(min(COPIES, len(part_keys))) as pool:
+                parts = list(pool.map(copy, range(1, len(part_keys) + 1), part_keys))
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:

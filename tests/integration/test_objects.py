@@ -255,6 +255,23 @@ def recorded_s3(s3_endpoint: str) -> Iterator[tuple[S3Store, Recording]]:
     s3.delete_prefix("")
 
 
+def test_s3_rewindable_stream_goes_up_in_one_put(recorded_s3: tuple[S3Store, Recording]
+                                                 ) -> None:
+    """A seekable stream from its start (a spooled body, a part) of at most SINGLE_PUT
+    bytes: one PUT read from it; read from elsewhere, the multipart upload as before."""
+    s3, rec = recorded_s3
+    data = os.urandom(12 * MiB + 5)
+    assert s3.put_stream("one", io.BytesIO(data)) == len(data)
+    assert rec.calls["put_object"] == 1 and rec.calls["upload_part"] == 0
+    assert s3.get_bytes("one") == data
+    rec.calls.clear()
+    stream = io.BytesIO(data)
+    stream.seek(MiB)
+    assert s3.put_stream("rest", stream) == len(data) - MiB
+    assert rec.calls["put_object"] == 0 and rec.calls["upload_part"] == 2  # 8 MiB parts
+    assert s3.get_bytes("rest") == data[MiB:]
+
+
 def test_compose_streams_small_parts_in_order(store: ObjectStore) -> None:
     """Parts under S3's 5 MiB minimum (and any parts on a local store): streamed."""
     parts = [os.urandom(1000), b"x", os.urandom(2 * MiB + 7), os.urandom(4096)]
@@ -329,12 +346,12 @@ def test_s3_compose_aborts_a_failed_copy(recorded_s3: tuple[S3Store, Recording])
     s3.put_bytes("p1", b"tail")
     real = rec.client.upload_part_copy
 
-    def copy_then_vanish(**kw: Any) -> Any:
-        out = real(**kw)
-        rec.client.delete_object(Bucket="inferq-test", Key=s3._key("p1"))
-        return out
+    def vanish_then_copy(**kw: Any) -> Any:
+        if kw["PartNumber"] == 2:
+            rec.client.delete_object(Bucket="inferq-test", Key=s3._key("p1"))
+        return real(**kw)
 
-    rec.client.upload_part_copy = copy_then_vanish
+    rec.client.upload_part_copy = vanish_then_copy
     from botocore.exceptions import ClientError
 
     with pytest.raises(ClientError):
