@@ -234,6 +234,23 @@ def test_upload_file_chunked_unchanged(client: OpenAI, ctx: Context, tmp_path: P
     assert batch.status == "validating"
 
 
+def test_format_is_told_from_the_first_bytes_across_parts(client: OpenAI, ctx: Context) -> None:
+    """Parquet's magic split over parts shorter than itself is still Parquet."""
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"input": ["a", "b"]}), buf)
+    table = buf.getvalue()
+    assert table[:4] == b"PAR1"
+    up = client.uploads.create(bytes=len(table), filename="t.parquet",
+                               mime_type="application/vnd.apache.parquet", purpose="batch")
+    ids = [client.uploads.parts.create(upload_id=up.id, data=c).id
+           for c in split(table, [2, 1])]
+    done = client.uploads.complete(upload_id=up.id, part_ids=ids)
+    assert done.file is not None
+    with ctx.db.session() as s:
+        f = s.get(File, done.file.id)
+        assert f is not None and f.format == "parquet"
+
+
 def test_expires_after_sets_the_files_expiry(client: OpenAI) -> None:
     up = client.uploads.create(bytes=3, filename="e.jsonl", mime_type="text/jsonl",
                                purpose="batch",
