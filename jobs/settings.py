@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     # commit it and hand the shard back; after this notice Celery cancels the task.
     spot: bool = False
     spot_notice_s: float = 30.0
+    # On SIGTERM the chunk a shard is computing gets this long to finish and be
+    # committed; then its rows are dropped from the engine and the shard is handed back
+    # from its last checkpoint (a long generation never holds a shutdown up).
+    drain_s: float = Field(default=20.0, ge=0)
     completion_window: str = "24h"
 
     # Fair dispatch of batch shards (jobs/fairshare.py). Shards wait in the database;

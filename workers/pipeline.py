@@ -22,6 +22,7 @@ import logging
 import random
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,17 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
         cur = nxt
         c = start_chunk + n
         nxt = submit(n + 1)
+        why = _interrupted(ctx, runner, cur, batch_id, stop_requested)
+        if why is not None:  # the chunk's rows leave the engine; never committed
+            runner.cancel(cur)
+            runner.cancel(nxt)
+            if why is ShardOutcome.CANCELLED:
+                return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
+                                ShardOutcome.CANCELLED)
+            log.info("shard %s: chunk %d not done %.0f s after the stop: handed back from "
+                     "its checkpoint", shard_id, c, st.drain_s)
+            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+                            ShardOutcome.HANDED_BACK)
         ok, err, completed, failed, tokens = runner.collect(cur)
         lane = lane_for(payer.service_tier)
         metrics.BATCH_ROWS.labels(lane, payer.model, "ok").inc(completed)
@@ -211,6 +223,30 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
             return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
                             ShardOutcome.HANDED_BACK)
     return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, ShardOutcome.DONE)
+
+
+# How often a chunk being computed looks up whether its batch was cancelled (or its
+# window passed) and whether the worker is stopping.
+CHECK_S = 1.0
+
+
+def _interrupted(ctx: Context, runner: Runner, chunk: Any, batch_id: str,
+                 stop_requested: Callable[[], bool]) -> ShardOutcome | None:
+    """Wait for ``chunk``; None once it is computed. CANCELLED as soon as its batch is
+    stopping (cancelled, or its completion window passed: its rows are not wanted);
+    HANDED_BACK when the worker was asked to stop and the chunk is still not done
+    ``drain_s`` later (it is computed again from the checkpoint elsewhere)."""
+    drain_by: float | None = None
+    while not runner.done(chunk, CHECK_S):
+        with ctx.db.session() as s:
+            if repo.batch_stopping(s, batch_id):
+                return ShardOutcome.CANCELLED
+        if stop_requested():
+            now = time.monotonic()
+            drain_by = drain_by if drain_by is not None else now + ctx.settings.drain_s
+            if now >= drain_by:
+                return ShardOutcome.HANDED_BACK
+    return None
 
 
 def count_rows(ctx: Context, shard_id: str, started: int, computed: int) -> None:

@@ -12,7 +12,9 @@ error lines (it computes the chunk again). Lines are built by ``jobs.outputs``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +43,7 @@ Lines = tuple[bytes, bytes, int, int, Tokens]
 
 class Runner(Protocol):
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk: ...
+    def done(self, chunk: Chunk, timeout: float) -> bool: ...
     def collect(self, chunk: Chunk) -> Lines: ...
     def cancel(self, chunk: Chunk | None) -> None: ...
 
@@ -94,6 +97,12 @@ class EmbeddingRunner:
                          sum(map(len, ids))))
         return Chunk(rows, reqs)
 
+    def done(self, chunk: Chunk, timeout: float) -> bool:
+        """Whether every row of ``chunk`` is computed, waiting up to ``timeout``."""
+        pending = [f for _, body, futures, _ in chunk.requests
+                   if not isinstance(body, InferqError) for f in futures]
+        return not futures_wait(pending, timeout).not_done
+
     def collect(self, chunk: Chunk) -> Lines:
         ok, err, tokens, seconds = [], [], 0, 0.0
         for custom_id, body, futures, ntok in chunk.requests:
@@ -140,6 +149,12 @@ class GenerationRunner:
             gen.submit(greq, sink, prio)
             reqs.append((r["custom_id"], body, sink, 0))
         return Chunk(rows, reqs)
+
+    def done(self, chunk: Chunk, timeout: float) -> bool:
+        """Whether every row of ``chunk`` has its answer, waiting up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        return all(sink is None or sink.event.wait(max(0.0, deadline - time.monotonic()))
+                   for _, _, sink, _ in chunk.requests)
 
     def collect(self, chunk: Chunk) -> Lines:
         ok, err, tokens, seconds = [], [], Tokens(), 0.0

@@ -52,6 +52,10 @@ class ScriptedRunner:
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
         return Chunk(rows, [])
 
+    def done(self, chunk: Chunk, timeout: float) -> bool:
+        self.collecting.set()
+        return self.hold is None or self.hold.wait(timeout)
+
     def collect(self, chunk: Chunk) -> Lines:
         self.collecting.set()
         if self.hold is not None:
