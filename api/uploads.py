@@ -50,8 +50,10 @@ def add_part(upload_id: str) -> Any:
 @bp.post("/uploads/<upload_id>/complete")
 def complete(upload_id: str) -> Any:
     """Complete the upload: its parts, in the order of ``part_ids``, become a File."""
+    ctx = context()
+    uploads.check_exists(ctx, g.tenant_id, upload_id)  # another project's: 404, whatever
     req = parse_model(uploads.UploadComplete, json_body())
-    up, f = uploads.complete(context(), g.tenant_id, upload_id, req)
+    up, f = uploads.complete(ctx, g.tenant_id, upload_id, req)
     return upload_object(up, f)
 
 

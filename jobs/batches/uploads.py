@@ -161,6 +161,12 @@ def create(ctx: Context, tenant_id: str, req: UploadCreate) -> Upload:
     return up
 
 
+def check_exists(ctx: Context, tenant_id: str, upload_id: str) -> None:
+    """404 unless the project has the upload (before its request's body is looked at)."""
+    with ctx.db.session() as s:
+        _get(s, tenant_id, upload_id)
+
+
 def check_pending(ctx: Context, tenant_id: str, upload_id: str) -> None:
     """404 or 400 before a part's body is read: the upload must take parts."""
     with ctx.db.session() as s:
