@@ -24,15 +24,21 @@ BODIES: dict[str, dict[str, Any]] = {
     "inference.completions": {"model": "SmolLM2-135M-Instruct", "prompt": "hi"},
     "inference.responses": {"model": "SmolLM2-135M-Instruct", "input": "hi"},
     "jobs.create": {"endpoint": "/v1/chat/completions", "body": CHAT},
+    "uploads.create": {"bytes": 10, "filename": "in.jsonl", "mime_type": "application/jsonl",
+                       "purpose": "batch"},
 }
 LISTS = ("batches.list_", "files.list_", "admin.list_projects", "webhooks.list_")
-CREATES = ("batches.create", "files.create", "jobs.create")
+CREATES = ("batches.create", "files.create", "jobs.create", "uploads.create")
 PATH_ARGS = ("model_id", "asset")  # the arguments of <path:...> rules
 ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must be added
     ("POST", "/v1/files"): "files.create", ("GET", "/v1/files"): "files.list_",
     ("GET", "/v1/files/<file_id>"): "files.retrieve",
     ("GET", "/v1/files/<file_id>/content"): "files.content",
     ("DELETE", "/v1/files/<file_id>"): "files.delete",
+    ("POST", "/v1/uploads"): "uploads.create",
+    ("POST", "/v1/uploads/<upload_id>/parts"): "uploads.add_part",
+    ("POST", "/v1/uploads/<upload_id>/complete"): "uploads.complete",
+    ("POST", "/v1/uploads/<upload_id>/cancel"): "uploads.cancel",
     ("POST", "/v1/batches"): "batches.create", ("GET", "/v1/batches"): "batches.list_",
     ("GET", "/v1/batches/<batch_id>"): "batches.retrieve",
     ("POST", "/v1/batches/<batch_id>/cancel"): "batches.cancel",
@@ -260,7 +266,7 @@ KINDS: dict[str, Kind] = {
     "body_nul_key": (is_json, body(lambda b: b.update({"x\x00": 1})), 400),
     "body_nul_nested": (is_json, body(lambda b: b.update({"metadata": {"k": "\x00"}})), 400),
     "body_wrong_types": (is_json, body(lambda b: b.update(
-        {k: 12 for k in ("model", "endpoint", "input_file_id") if k in b})), 400),
+        {k: 12 for k in ("model", "endpoint", "input_file_id", "filename") if k in b})), 400),
     "body_oversized_field": (is_json, body(lambda b: b.update(
         {k: "m" * 100_000 for k in ("model", "input_file_id") if k in b}
         or {"endpoint": "/" + "e" * 100_000})), 400),
@@ -338,7 +344,10 @@ def ids(app, tenant_key, other_tenant_key) -> dict[str, str]:  # type: ignore[no
     hook = other.post("/v1/webhook_endpoints", json={  # a public address: no DNS needed
         "name": "other", "url": "https://93.184.216.34/hook", "event_types": ["batch.failed"]})
     assert hook.status_code == 200, hook.get_data(as_text=True)
+    up = other.post("/v1/uploads", json=BODIES["uploads.create"])
+    assert up.status_code == 200, up.get_data(as_text=True)
     return {"file_id": fid, "batch_id": bid, "job_id": job.get_json()["id"],
+            "upload_id": up.get_json()["id"],
             "webhook_endpoint_id": hook.get_json()["id"],
             "model_id": "batch_" + "0" * 20, "other_list_item": bid,
             "asset": "no-such-asset.js",  # the dashboard's files: one it does not have

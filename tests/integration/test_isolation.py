@@ -10,9 +10,11 @@ import io
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from jobs import service, tenants, webhooks
 from jobs.context import Context
+from jobs.models import Upload, UploadPart
 from tests.integration.helpers import emb_line, jsonl
 
 ORG = "/v1/organization/projects"
@@ -27,6 +29,9 @@ COVERED = {
     ("GET", "/v1/batches/<batch_id>/events"): "/v1/batches/{batch_id}/events",
     ("GET", "/v1/batches/<batch_id>/output"): "/v1/batches/{batch_id}/output?partial=true",
     ("GET", "/v1/jobs/<job_id>"): "/v1/jobs/{job_id}",
+    ("POST", "/v1/uploads/<upload_id>/parts"): "/v1/uploads/{upload_id}/parts",
+    ("POST", "/v1/uploads/<upload_id>/complete"): "/v1/uploads/{upload_id}/complete",
+    ("POST", "/v1/uploads/<upload_id>/cancel"): "/v1/uploads/{upload_id}/cancel",
     ("GET", "/v1/dashboard/batches/<batch_id>"): "/v1/dashboard/batches/{batch_id}",
     ("GET", "/v1/webhook_endpoints/<webhook_endpoint_id>"):
         "/v1/webhook_endpoints/{webhook_endpoint_id}",
@@ -115,7 +120,14 @@ def a_objects(app: Any, ctx: Context, tenant_key: str, other_tenant_key: str
     with ctx.db.session() as s:  # an event of A's, so that its endpoint has a delivery
         assert webhooks.emit(ctx, s, a_project, "batch.failed", batch.get_json()["id"])
     delivery = a.get(f"/v1/webhook_endpoints/{hook.get_json()['id']}/deliveries").get_json()
-    return {"file_id": fid, "batch_id": batch.get_json()["id"], "job_id": job.get_json()["id"],
+    up = a.post("/v1/uploads", json={"bytes": 3, "filename": "a.jsonl",
+                                     "mime_type": "application/jsonl", "purpose": "batch"})
+    assert up.status_code == 200, up.get_data(as_text=True)
+    part = a.post(f"/v1/uploads/{up.get_json()['id']}/parts",
+                  data={"data": (io.BytesIO(b"{}\n"), "blob")})
+    assert part.status_code == 200, part.get_data(as_text=True)
+    return {"upload_id": up.get_json()["id"], "part_id": part.get_json()["id"],
+            "file_id": fid, "batch_id": batch.get_json()["id"], "job_id": job.get_json()["id"],
             "webhook_endpoint_id": hook.get_json()["id"],
             "delivery_id": delivery["data"][0]["id"],
             "service_account_id": sa.id, "api_key_id": key.key.id, "a_project_id": a_project,
@@ -124,7 +136,7 @@ def a_objects(app: Any, ctx: Context, tenant_key: str, other_tenant_key: str
 
 
 @pytest.mark.parametrize("method,rule", sorted(COVERED))
-def test_another_projects_id_is_not_found(app: Any, a_objects: dict[str, str],
+def test_another_projects_id_is_not_found(app: Any, ctx: Context, a_objects: dict[str, str],
                                           other_tenant_key: str, admin_key: str,
                                           tenant_key: str, method: str, rule: str) -> None:
     path = COVERED[(method, rule)].format(**a_objects)
@@ -148,6 +160,11 @@ def test_another_projects_id_is_not_found(app: Any, a_objects: dict[str, str],
     sa = f"{ORG}/{a_objects['a_project_id']}/service_accounts/{a_objects['service_account_id']}"
     assert a_admin.get(sa).status_code == 200
     assert as_key(app, a_objects["a_key"]).get("/v1/models").status_code == 200
+    with ctx.db.session() as s:  # A's upload: pending, with its one part
+        up = s.get(Upload, a_objects["upload_id"])
+        assert up is not None and up.status == "pending"
+        assert [p.id for p in s.scalars(select(UploadPart).where(
+            UploadPart.upload_id == up.id))] == [a_objects["part_id"]]
 
 
 def test_listings_never_show_another_projects_objects(app: Any, a_objects: dict[str, str],

@@ -401,6 +401,16 @@ def test_part_refusals(world: dict[str, Any], client: OpenAI, ctx: Context) -> N
     assert r.status_code == 400 and r.json()["error"]["param"] == "blob"
     r = http.post(f"/v1/uploads/{up.id}/parts", data={"data": "abc"})  # not a file
     assert r.status_code == 400 and r.json()["error"]["param"] == "data"
+    good = (b'--XyZ\r\nContent-Disposition: form-data; name="data"; filename="b"\r\n\r\n'
+            b"abc\r\n--XyZ--\r\n")
+    for content, ctype in ((good[:-12], "multipart/form-data; boundary=XyZ"),  # truncated
+                           (b"\x00\xff" * 100, "multipart/form-data; boundary=XyZ"),
+                           (good, "multipart/form-data"),  # no boundary
+                           (b'{"data": "abc"}', "application/json")):
+        r = http.post(f"/v1/uploads/{up.id}/parts", content=content,
+                      headers={"Content-Type": ctype})
+        assert r.status_code == 400, (content[:20], r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert before.unchanged()
     assert part_objects(ctx, up.id) == []
     # exactly the limit is a part
@@ -428,6 +438,20 @@ def test_another_projects_upload_is_not_found(world: dict[str, Any], client: Ope
     assert before.unchanged()
     # and theirs is untouched: still pending, its part still there
     assert client.uploads.complete(upload_id=up.id, part_ids=[p.id]).status == "completed"
+
+
+def test_a_part_sent_again_with_its_idempotency_key_is_stored_once(
+        world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
+    up = client.uploads.create(bytes=6, filename="i.jsonl", mime_type=JSONL, purpose="batch")
+    http = raw(world)
+    sent = [http.post(f"/v1/uploads/{up.id}/parts", files={"data": ("blob", b"abcdef")},
+                      headers={"Idempotency-Key": "part-1"}) for _ in range(2)]
+    assert [r.status_code for r in sent] == [200, 200]
+    assert sent[1].headers.get("Idempotent-Replayed") == "true"
+    assert sent[0].json()["id"] == sent[1].json()["id"]
+    assert len(part_objects(ctx, up.id)) == 1
+    done = client.uploads.complete(upload_id=up.id, part_ids=[sent[0].json()["id"]])
+    assert done.file is not None and client.files.content(done.file.id).read() == b"abcdef"
 
 
 def test_unauthenticated_requests_are_refused(world: dict[str, Any]) -> None:
