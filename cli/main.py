@@ -189,10 +189,14 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
 
 
 @main.command()
-def migrate() -> None:
+@click.option("--import-models", is_flag=True,
+              help="also import the builtin models this configuration serves "
+              "(INFERQ_EMBEDDING_MODEL, INFERQ_CHAT_MODEL) that are not registered yet: "
+              "needs torch and their packages, as the worker images have")
+def migrate(import_models: bool) -> None:
     """Apply database migrations (alembic upgrade head) and register the builtin models
     that ship ready to serve (their files go to the object store)."""
-    from jobs import service
+    from jobs import registry, service
     from jobs.context import Context
     from storage.db import migrate as run
 
@@ -201,9 +205,28 @@ def migrate() -> None:
     ctx = Context(st)
     try:
         service.register_builtin_models(ctx)
+        click.echo("database is at the latest revision")
+        if import_models:
+            _import_builtins(ctx, registry.missing_builtins(ctx), force=False)
     finally:
         ctx.close()
-    click.echo("database is at the latest revision")
+
+
+def _import_builtins(ctx: Any, names: list[str], force: bool) -> None:
+    """Import the builtin models ``names`` (their packages must be installed)."""
+    from jobs import registry
+
+    for name in names:
+        from workers.runtime.importers import import_model  # torch: only when importing
+
+        t0 = time.perf_counter()
+        try:
+            m = import_model(ctx, name, force=force)
+        except (ImportError, ValueError, OSError) as e:
+            raise click.ClickException(f"{name}: could not be imported: {e}") from None
+        click.echo(f"{name}: imported version {m.version} ({len(m.files)} files, "
+                   f"{registry.total_bytes(m) / 1e6:.1f} MB) in "
+                   f"{time.perf_counter() - t0:.1f} s")
 
 
 @main.group()
@@ -225,18 +248,14 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
                                f"(builtin: {', '.join(registry.BUILTIN)})")
     ctx = Context(_backends(DATABASE, OBJECT_STORE))
     try:
+        todo = []
         for name in names or tuple(registry.BUILTIN):
             have = registry.get_default(ctx, name)
             if have is not None and not force:
                 click.echo(f"{name}: version {have.version} already registered; skipped")
-                continue
-            from workers.runtime.importers import import_model  # torch: only when importing
-
-            t0 = time.perf_counter()
-            m = import_model(ctx, name, force=force)
-            click.echo(f"{name}: imported version {m.version} ({len(m.files)} files, "
-                       f"{registry.total_bytes(m) / 1e6:.1f} MB) in "
-                       f"{time.perf_counter() - t0:.1f} s")
+            else:
+                todo.append(name)
+        _import_builtins(ctx, todo, force)
     finally:
         ctx.close()
 

@@ -190,6 +190,29 @@ def test_database_commands_need_only_the_database_url(up: Up, tmp_path: Path) ->
     assert p.returncode == 0 and "all-MiniLM-L6-v2" in p.stdout, p.stderr
 
 
+def test_migrate_imports_the_models_it_serves(pg_admin_url: str, tmp_path: Path) -> None:
+    """The one step a deployment runs before its API and workers: the schema, then
+    (``--import-models``) every builtin model the configuration serves, so no worker
+    starts on a registry that lacks its model."""
+    from tests.conftest import fresh_database
+
+    with fresh_database(pg_admin_url) as db:
+        env = clean_env(tmp_path / "data", INFERQ_DATABASE_URL=db,
+                        INFERQ_OBJECT_STORE_URL=f"file://{tmp_path / 'objects'}",
+                        INFERQ_CHAT_MODEL="SmolLM2-135M-Instruct")
+        run = [*CLI, "migrate", "--import-models"]
+        p = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout.splitlines()
+        assert out[0] == "database is at the latest revision"
+        assert out[1].startswith("SmolLM2-135M-Instruct: imported version 1"), out
+        listed = subprocess.run([*CLI, "models", "list"], env=env, capture_output=True,
+                                text=True, timeout=120).stdout
+        assert "all-MiniLM-L6-v2" in listed and "SmolLM2-135M-Instruct" in listed, listed
+        again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+        assert again.stdout == "database is at the latest revision\n", again.stdout
+
+
 def test_projects_keys_limits_and_usage(up: Up, tmp_path: Path) -> None:
     """The admin commands, with the admin key `inferq up` wrote to the data dir."""
     admin_file = up.data_dir / "admin-api-key"
