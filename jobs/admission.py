@@ -1,6 +1,6 @@
 """Admission control of the realtime lane from a queueing model; the arithmetic of the
-capacity planner (``inferq capacity``) and of the scaling signal
-(``inferq_desired_workers``).
+capacity planner (``inferq capacity``) and of the realtime lane's scaling signal
+(``inferq_desired_workers{lane="realtime"}``; the batch lanes' is ``jobs.backlog``).
 
 The model is M/G/c: Poisson arrivals, c servers, service times of any spread. Each
 live worker holding a model is one or more servers
@@ -53,6 +53,7 @@ from typing import Any
 import redis
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.errors import InferqError
 from jobs.models import new_id
@@ -420,26 +421,42 @@ def desired_workers(r: redis.Redis, model: str, slo_s: float, percentile: float,
 
 
 class DesiredWorkersCollector:
-    """``inferq_desired_workers{lane}`` computed at scrape time (the most any model of
-    the lane needs), for an autoscaler: KEDA's Prometheus scaler in docker/k8s/."""
+    """``inferq_desired_workers{lane}`` computed at scrape time, for an autoscaler (KEDA's
+    Prometheus scaler in docker/k8s/): for the realtime lane the most any of its models
+    needs; for the batch lanes what ``batch_lanes`` says (``jobs.backlog``). A lane whose
+    backend cannot be read (Redis, the database) is left out rather than reported
+    wrong."""
 
     def __init__(self, redis_of: Callable[[], redis.Redis], models: Callable[[], list[str]],
-                 slo_s: float, percentile: float, window_s: int) -> None:
+                 slo_s: float, percentile: float, window_s: int,
+                 batch_lanes: Callable[[], dict[str, int]] | None = None) -> None:
         self.redis_of, self.models = redis_of, models
         self.slo_s, self.percentile, self.window_s = slo_s, percentile, window_s
+        self.batch_lanes = batch_lanes
 
     def collect(self) -> Iterator[Metric]:
         g = GaugeMetricFamily("inferq_desired_workers",
-                              "Workers the lane needs to meet its latency objective "
-                              "at the measured arrival and service rates", labels=["lane"])
+                              "Workers the lane needs: realtime to meet its latency "
+                              "objective at the measured arrival and service rates; "
+                              "batch and flex to finish their rows before their "
+                              "batches' deadlines at the measured rows per second",
+                              labels=["lane"])
         try:
             r = self.redis_of()
             want = [desired_workers(r, m, self.slo_s, self.percentile, self.window_s).workers
                     for m in self.models()]
+            g.add_metric([LANE], max(want, default=0))
         except redis.RedisError:
-            return  # absent rather than wrong while Redis is away
-        g.add_metric([LANE], max(want, default=0))
-        yield g
+            pass
+        if self.batch_lanes is not None:
+            try:
+                lanes = self.batch_lanes()
+            except SQLAlchemyError:
+                lanes = {}
+            for lane, n in lanes.items():
+                g.add_metric([lane], n)
+        if g.samples:
+            yield g
 
     def describe(self) -> list[Metric]:
         return []
@@ -473,6 +490,9 @@ def lane_models(r: redis.Redis) -> list[str]:
 def collector(ctx: Any) -> DesiredWorkersCollector:
     """The scaling signal of an API process (``ctx``: its Context)."""
     st = ctx.settings
+    from jobs import backlog
+
     return DesiredWorkersCollector(lambda: ctx.redis, lambda: lane_models(ctx.redis),
                                    st.realtime_ttft_slo_s or st.first_token_timeout_s,
-                                   st.realtime_slo_percentile, st.admission_window_s)
+                                   st.realtime_slo_percentile, st.admission_window_s,
+                                   lambda: backlog.desired(ctx))

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     # from its last checkpoint (a long generation never holds a shutdown up).
     drain_s: float = Field(default=20.0, ge=0)
     completion_window: str = "24h"
+    # The batch lanes' scaling signal (jobs/backlog.py, inferq_desired_workers{lane=
+    # "batch"|"flex"}) measures each model's rows per second per worker on the shards
+    # of batches in progress; until a shard of the model has committed a chunk, a
+    # worker is assumed to commit this many (deliberately low: a small chat model on
+    # a CPU; an embeddings model commits hundreds).
+    batch_rows_per_s: float = Field(default=1.0, gt=0)
 
     # Fair dispatch of batch shards (jobs/fairshare.py). Shards wait in the database;
     # each batch lane's broker queue holds about its live worker slots plus this

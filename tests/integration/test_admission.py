@@ -200,7 +200,7 @@ def test_desired_workers_on_metrics(env) -> None:  # type: ignore[no-untyped-def
     got = {s.labels["lane"]: s.value for s in fam}
     lam = admission.lane_state(r, MODEL, 30).rate
     want = admission.servers_needed(lam, 20.0, 0.45, 0.99)
-    assert got == {"realtime": want} and want >= 3
+    assert got == {"realtime": want, "batch": 0, "flex": 0} and want >= 3  # no batches
     assert admission.wait_percentile(0.99, want, lam, 20.0) <= 0.45
 
 
@@ -303,7 +303,8 @@ def test_a_real_worker_measures_its_service_rate(fstack, fsdk, workers) -> None:
             "Authorization": f"Bearer {fstack.settings.metrics_token}"})) as resp:
         text = resp.read().decode()
     fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
-    assert [s.value for s in fams["inferq_desired_workers"]] == [1.0]  # 12 requests: 1 will do
+    desired = {s.labels["lane"]: s.value for s in fams["inferq_desired_workers"]}
+    assert desired["realtime"] == 1.0  # 12 requests: 1 will do
     admitted = [s.value for s in fams["inferq_admission_decisions"] if s.name.endswith("_total")
                 and s.labels["model"] == MODEL]
     assert sum(admitted) >= sent
