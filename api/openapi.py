@@ -118,6 +118,7 @@ NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest m
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {
     "batches.create": {404}, "batches.cancel": {409}, "uploads.cancel": {400},
+    "files.delete": {409},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
     "inference.completions": {413, 429, 504}, "inference.responses": {413, 429, 504},
     "jobs.create": {429},

@@ -51,9 +51,11 @@ def touch_key(s: Session, api_key_id: str, at: int) -> None:
               .values(last_used_at=at))
 
 
-def get_file(s: Session, tenant_id: str, file_id: str) -> File | None:
-    return s.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant_id,
-                                       File.deleted.is_(False)))
+def get_file(s: Session, tenant_id: str, file_id: str, lock: bool = False) -> File | None:
+    """``lock``: its row locked (a batch created from it and its deletion serialize)."""
+    q = select(File).where(File.id == file_id, File.tenant_id == tenant_id,
+                           File.deleted.is_(False))
+    return s.scalar(q.with_for_update() if lock else q)
 
 
 def get_batch(s: Session, tenant_id: str | None, batch_id: str, lock: bool = False) -> Batch | None:

@@ -26,8 +26,9 @@ from jobs.errors import (
 from jobs.models import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
 from jobs.requests import EMBEDDINGS, BatchCreate, no_dimensions
 from jobs.sharding import TokenCounter, validate_and_shard
-from jobs.status import BatchStatus
+from jobs.status import TERMINAL, BatchStatus
 from storage import keys
+from storage.objects import ObjectNotFound
 from storage.parquet import is_parquet
 
 log = logging.getLogger("inferq.service")
@@ -168,10 +169,18 @@ def list_files(ctx: Context, tenant_id: str, after: str | None, limit: int,
 
 
 def delete_file(ctx: Context, tenant_id: str, file_id: str) -> None:
+    """Delete a file; refused (409 ``file_in_use``) while a batch that has not ended
+    takes it as its input."""
     with ctx.db.session() as s:
-        f = repo.get_file(s, tenant_id, file_id)
+        f = repo.get_file(s, tenant_id, file_id, lock=True)
         if f is None:
             raise NotFound(f"No such File object: {file_id}", param="file_id")
+        using = s.scalar(select(Batch.id).where(Batch.input_file_id == file_id,
+                                                Batch.status.not_in(TERMINAL)).limit(1))
+        if using is not None:
+            raise Conflict(f"file {file_id} is the input of batch {using}, which has not "
+                           "ended: cancel it or wait for it to end first", param="file_id",
+                           code="file_in_use")
         f.deleted = True
         key = f.object_key
     ctx.store.delete(key)
@@ -193,7 +202,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
     if req.callback_url is not None:
         webhooks.check_callback(ctx, tenant_id, req.callback_url)
     with ctx.db.session() as s:
-        f = repo.get_file(s, tenant_id, req.input_file_id)
+        f = repo.get_file(s, tenant_id, req.input_file_id, lock=True)
         if f is None:
             raise NotFound(f"No such File object: {req.input_file_id}", param="input_file_id")
         if f.purpose != "batch":
@@ -294,13 +303,23 @@ def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
             b.status, b.failed_at = BatchStatus.FAILED, now()
             b.errors = [{"code": "validation_failed", "line": None, "param": None,
                          "message": f"the input file could not be validated "
-                                    f"({type(e).__name__}: {shown(e, 300)})"}]
+                                    f"({_told(e)})"}]
         webhooks.batch_ended(ctx, s, b)
     try:  # shards it may have written
         ctx.store.delete_prefix(keys.batch_prefix(batch_id))
     except Exception:  # noqa: BLE001 - the batch has ended; its objects are only left over
         log.exception("batch %s: could not delete its objects", batch_id)
     return True
+
+
+def _told(e: Exception) -> str:
+    """Why validation failed, as a client may read it: never the service's object keys
+    or object-store replies (those go to the control worker's log)."""
+    if isinstance(e, ObjectNotFound):
+        return "its content is no longer in the object store"
+    if type(e).__module__.split(".")[0] in ("botocore", "boto3", "s3transfer"):
+        return f"the object store failed: {type(e).__name__}"
+    return f"{type(e).__name__}: {shown(e, 300)}"
 
 
 def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) -> None:

@@ -460,7 +460,8 @@ def test_a_validation_that_cannot_succeed_fails_the_batch_once(ctx: Context) -> 
     status, errors = batch_state(ctx, batch_id)
     assert status == BatchStatus.FAILED and errors is not None
     assert [e["code"] for e in errors] == ["validation_failed"]
-    assert "could not be validated (ObjectNotFound" in errors[0]["message"]
+    assert errors[0]["message"] == ("the input file could not be validated (its content is "
+                                    "no longer in the object store)")  # no object key
     service.validate_batch(ctx, batch_id)  # a resent validation finds it ended
     assert batch_state(ctx, batch_id) == (status, errors)
 
