@@ -162,3 +162,55 @@ def test_the_batch_lanes_are_left_out_while_the_database_is_away(bctx: Context) 
     finally:
         away.close()
     assert samples == [("realtime", 0.0)]
+
+
+def run_capacity(bctx: Context, *args: str, database: bool = True) -> Any:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    env = {"INFERQ_DATA_DIR": str(bctx.settings.data_dir / "no-stack"), "INFERQ_REDIS_URL": "",
+           "INFERQ_DATABASE_URL": bctx.settings.database_url if database else "",
+           "INFERQ_OBJECT_STORE_URL": ""}
+    return CliRunner().invoke(main, ["capacity", *args], env=env)
+
+
+def test_capacity_plans_the_backlog_and_a_backlog_of_your_own(
+        bctx: Context, fleet: dict[str, Any]) -> None:
+    """``inferq capacity --lane batch``: the stack's backlog at the measured rate (the
+    signal's 3 workers, each batch's worker-seconds shown); ``--rows --deadline`` a
+    backlog of one's own, at the measured rate or ``--rows-per-s``."""
+    res = run_capacity(bctx, "--lane", "batch")
+    assert res.exit_code == 0, res.output
+    out = res.output.splitlines()
+    assert out[0] == (f"batch lane, {MODEL}: 20 rows/s per worker (measured: 1500 rows in "
+                      "75 s of shard attempts)")
+    assert "5,000 rows of" in out[1] and "250 worker-seconds" in out[1]  # due first
+    assert "1,800 rows of" in out[2] and "90 worker-seconds" in out[2]
+    assert out[-1] == "workers needed: 3 (each deadline met, earliest first)"
+    # 36,000 rows at the measured 20 rows/s: 1,800 worker-seconds in 600 s
+    res = run_capacity(bctx, "--lane", "batch", "--rows", "36000", "--deadline", "600")
+    assert res.output.splitlines()[-1].startswith("workers needed: 3 "), res.output
+    res = run_capacity(bctx, "--lane", "flex", "--rows", "36000", "--deadline", "600",
+                       "--rows-per-s", "5", database=False)
+    assert res.exit_code == 0 and "5 rows/s per worker (given)" in res.output, res.output
+    assert res.output.splitlines()[-1].startswith("workers needed: 12 ")
+
+
+def test_capacity_errors_on_the_batch_lanes_are_one_line(bctx: Context,
+                                                         fleet: dict[str, Any]) -> None:
+    cases = [
+        (["--lane", "flex"], True, 1, "not measured: give --rows-per-s"),
+        (["--lane", "batch", "--rows", "10"], True, 2, "--rows and --deadline together"),
+        (["--lane", "batch", "--rows", "10", "--deadline", "5"], False, 1, "inferq up"),
+        (["--lane", "batch", "--rate", "3"], True, 2, "--rate: for --lane realtime only"),
+        (["--lane", "realtime", "--rate", "1", "--slo", "1", "--rows", "3"], True, 2,
+         "--rows: for --lane batch or flex only"),
+        (["--lane", "batch", "--rows", "0", "--deadline", "5"], True, 2, "--rows"),
+    ]
+    for args, database, code, words in cases:
+        res = run_capacity(bctx, *args, database=database)
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == code, (args, res.output)
+        assert lines[-1].startswith("Error: ") and words in lines[-1], (args, res.output)
+        assert "Traceback" not in res.output
