@@ -89,7 +89,9 @@ def _send(ctx: Context, rep: SweepReport) -> None:
 
 def _repair_leases(ctx: Context, rep: SweepReport) -> None:
     """Hand back running shards whose lease lapsed, or whose worker is gone: its
-    heartbeat expired (``gone_holders``), which comes well before the lease."""
+    heartbeat expired (``gone_holders``), which comes well before the lease. Such a
+    shard of a batch being cancelled (or past its window) is cancelled instead, and the
+    batch finalized once nothing of it runs."""
     t = time.time()
     cap = ctx.settings.max_shard_attempts
     with ctx.db.session() as s:
@@ -102,9 +104,13 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
         stale = list(s.scalars(select(Shard).where(
             Shard.status == ShardStatus.RUNNING, (Shard.lease_expires_at < t) | orphaned)
             .with_for_update(skip_locked=True).limit(1000)))
+        stopping = {batch_id for batch_id in {sh.batch_id for sh in stale}
+                    if repo.batch_stopping(s, batch_id)}
         for sh in stale:
             stalls = repo.stalled_attempts(sh)
-            if stalls >= cap:
+            if sh.batch_id in stopping:  # cancelled (or expired): its rows are not wanted
+                sh.status = ShardStatus.CANCELLED
+            elif stalls >= cap:
                 sh.status = ShardStatus.FAILED
                 sh.error = repo.give_up_message(stalls)
                 rep.failed.append(sh.id)
@@ -113,7 +119,9 @@ def _repair_leases(ctx: Context, rep: SweepReport) -> None:
                 rep.requeued.append(sh.id)
             sh.lease_token, sh.lease_expires_at, sh.updated_at = None, None, t
         s.flush()
-        for batch_id in {sh.batch_id for sh in stale if sh.status == ShardStatus.FAILED}:
+        # A batch ends without waiting for a worker to come back for its shard.
+        for batch_id in {sh.batch_id for sh in stale if sh.status in (
+                ShardStatus.FAILED, ShardStatus.CANCELLED)}:
             if repo.unfinished_shards(s, batch_id) == 0:
                 rep.finalize.add(batch_id)
 

@@ -61,6 +61,22 @@ def make_batch(ctx: Context, shards: list[dict[str, object]],
     return ids[1:] if shards else ids
 
 
+def test_a_lapsed_shard_of_a_cancelled_batch_ends_it_without_a_worker(jctx) -> None:  # type: ignore[no-untyped-def]
+    """Its worker was killed while the batch was being cancelled: the shard is
+    cancelled (never sent again) and the batch's finalize is sent, so the batch ends
+    without waiting for a worker to come back."""
+    past = time.time() - 1
+    (lapsed,) = make_batch(jctx, [{"status": ShardStatus.RUNNING, "attempt": 1,
+                                   "lease_token": "a", "lease_expires_at": past}],
+                           status=BatchStatus.CANCELLING)
+    batch_id = lapsed.rsplit(".", 1)[0]
+    rep = janitor.sweep(jctx)
+    assert rep.requeued == [] and rep.finalize == {batch_id}
+    assert status(jctx, lapsed).status == ShardStatus.CANCELLED
+    assert sent(jctx) == []
+    assert (TASK_FINALIZE, batch_id) in messages(jctx, "control")
+
+
 def messages(ctx: Context, queue: str) -> list[tuple[str, str]]:
     """(task name, first argument) of the Celery messages waiting on a queue, oldest
     first (kombu pushes on the left), skipping anything that is not a task."""
