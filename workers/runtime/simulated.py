@@ -119,6 +119,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                "in-process loop of bench.pipeline runs ~250 long-tailed texts/s "
                "(~27 padded tokens each: ~140 us per padded token); generation ~45 tok/s "
                "with batches of 32 (bench.generation)"),
+    Profile(
+        name="slow-minilm", device="a slow accelerator: 50-500 ms a request (assumed)",
+        embedding_model="all-MiniLM-L6-v2", embed_pass_ms=40.0, embed_token_us=3000.0,
+        chat_model="SmolLM2-135M-Instruct", decode_step_ms=250.0, decode_row_us=6000.0,
+        prefill_token_us=4000.0,
+        source="assumption: the cpu1 profile twenty times slower per token, with 40 ms a "
+               "pass: a request of 5 to 150 tokens takes 55 to 490 ms, long enough that "
+               "the API, Redis and PostgreSQL on a small machine are not what queues "
+               "(bench.planner's service times)"),
 )}
 
 
