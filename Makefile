@@ -47,12 +47,17 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_e2e_structured.py test_e2e_tools.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
+# Each process's temporary files in a folder of this run's (kept when a test failed):
+# pytest's default one is shared by every run of the user, and a run started meanwhile
+# (a test tried by hand) would remove the oldest sessions' files from under them.
 test: $(STAMP) $(CHROMIUM)
 	@echo "tests that run model workers: in the background, output in .test-stack.log"
-	@$(PYTEST) $(STACK_TESTS) > .test-stack.log 2>&1 & stack=$$!; \
-	$(PYTEST) $(addprefix --ignore=,$(STACK_TESTS)) tests; other=$$?; \
+	@tmp=$$(mktemp -d /tmp/inferq-test.XXXXXX); \
+	$(PYTEST) --basetemp=$$tmp/stack $(STACK_TESTS) > .test-stack.log 2>&1 & stack=$$!; \
+	$(PYTEST) --basetemp=$$tmp/other $(addprefix --ignore=,$(STACK_TESTS)) tests; \
+	other=$$?; \
 	wait $$stack; status=$$?; cat .test-stack.log; \
-	[ $$other -eq 0 ] && [ $$status -eq 0 ]
+	[ $$other -eq 0 ] && [ $$status -eq 0 ] && rm -rf $$tmp
 
 test-fast: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" tests

@@ -71,12 +71,14 @@ def test_a_stop_and_a_cancel_end_a_long_generation_within_seconds(
     first = workers("drain", "batch", INFERQ_DRAIN_S="2")
     sh = _generating(fctx, b.id, 1)
     t0 = time.monotonic()
-    os.killpg(first.pid, signal.SIGTERM)
+    os.kill(first.pid, signal.SIGTERM)  # as an orchestrator stops it: its main process
     first.wait(60)
     stopped_in = time.monotonic() - t0
     with fctx.db.session() as s:
         back = s.get(Shard, sh.id)
-        assert back is not None and back.status == "queued" and back.chunks_done == 0, back
+        assert back is not None
+        assert (back.status, back.chunks_done) == ("queued", 0), (
+            back.status, back.chunks_done, back.worker, first.returncode)
     assert stopped_in < 20, stopped_in  # not the minutes its generation needs
 
     workers("cancel", "batch")
