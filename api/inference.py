@@ -50,21 +50,26 @@ def embeddings() -> Response:
     sent = req.model_dump(exclude_none=True)
     t0 = time.perf_counter()
     try:
-        body = client.call("embeddings", sent, ctx.settings.realtime_timeout_s)
+        answer = client.answer("embeddings", sent, ctx.settings.realtime_timeout_s)
     except Exception:
         limits.settle(ctx, grant, 0)  # not answered: its tokens are given back
         raise
     finally:
         ticket.release()
+    body = answer.body
     if (real := limits.body_usage_tokens(body)) is not None:
         limits.settle(ctx, grant, real)
     if route.shadows and route.version:
         shadow.record(ctx.redis, req.model, route.version, "primary", time.perf_counter() - t0)
         shadow.mirror_embeddings(ctx, sent, body, route.shadows)
-    return Response(body, mimetype="application/json", headers=version_header(route.version))
+    headers = version_header(route.version)
+    if answer.queued_s is not None:
+        headers[QUEUE_HEADER] = f"{answer.queued_s * 1000:.1f}"
+    return Response(body, mimetype="application/json", headers=headers)
 
 
 VERSION_HEADER = "inferq-model-version"
+QUEUE_HEADER = "inferq-queue-ms"  # how long the request waited for a model worker's engine
 
 
 def version_header(version: str | None) -> dict[str, str]:

@@ -148,6 +148,14 @@ def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> 
     r.set(WORKERS + name, orjson.dumps(info), px=int(ttl_s * 1000))
 
 
+class Answer(NamedTuple):
+    """A worker's answer: the JSON response body and how long the request waited for
+    the engine (from the push until its first pass started; None if not measured)."""
+
+    body: bytes
+    queued_s: float | None
+
+
 class RealtimeClient:
     """Realtime requests of one caller: billed to ``tenant_id`` and ``api_key_id`` (none
     for a shadow's mirrored request), for ``version`` of the body's model."""
@@ -162,6 +170,10 @@ class RealtimeClient:
 
     def call(self, kind: str, body: dict[str, Any], timeout_s: float) -> bytes:
         """Send one request and wait for the worker's answer (the JSON response body)."""
+        return self.answer(kind, body, timeout_s).body
+
+    def answer(self, kind: str, body: dict[str, Any], timeout_s: float) -> Answer:
+        """Send one request and wait for the worker's answer."""
         admitted = admit(self.r, body["model"], self.max_queue, self.version, self.place)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
@@ -186,8 +198,10 @@ class RealtimeClient:
         reply = orjson.loads(got[1])
         if "error" in reply:
             raise error_from_event(reply)
-        return reply["body"].encode() if isinstance(reply["body"], str) else orjson.dumps(
-            reply["body"])
+        queued = reply.get("queued_s")
+        return Answer(reply["body"].encode() if isinstance(reply["body"], str)
+                      else orjson.dumps(reply["body"]),
+                      float(queued) if isinstance(queued, int | float) else None)
 
 
 # Token streams -----------------------------------------------------------------------------

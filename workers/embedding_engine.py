@@ -15,8 +15,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ class RowFuture(Future[np.ndarray]):
     (the pass's time split among its rows by their real tokens), set before the result."""
 
     seconds: float = 0.0
+    started_at: float | None = None  # wall clock when its pass started
 
 
 @dataclass
@@ -95,6 +97,8 @@ class EmbeddingEngine:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
+        self._running = False  # a pass is running
+        self._held = 0  # callers gathering the rows of one pass (``gathering``)
         self._thread = threading.Thread(target=self._loop, name="inferq-engine", daemon=True)
         self._thread.start()
 
@@ -112,6 +116,24 @@ class EmbeddingEngine:
             if priority is not None:
                 return len(self._pending.get(priority, ()))
             return sum(len(v) for v in self._pending.values())
+
+    def idle(self) -> bool:
+        """Nothing running and nothing waiting: a row submitted now starts at once."""
+        with self._cond:
+            return not self._running and not any(self._pending.values())
+
+    @contextmanager
+    def gathering(self) -> Iterator[None]:
+        """Rows submitted inside wait for the block to end before a pass starts, so that
+        rows taken together run in one pass (a pass already running is not affected)."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify()
 
     def stop(self) -> None:
         with self._cond:
@@ -135,14 +157,19 @@ class EmbeddingEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not any(self._pending.values()):
+                while not self._stop and (self._held or not any(self._pending.values())):
                     self._cond.wait()
                 if self._stop:
                     self._fail_pending(RuntimeError("the engine stopped"))
                     return
                 nxt = self._next_batch()
+                self._running = nxt is not None
             if nxt is not None:
-                self._run(*nxt)
+                try:
+                    self._run(*nxt)
+                finally:
+                    with self._cond:
+                        self._running = False
 
     def _fail_pending(self, err: Exception) -> None:
         for items in self._pending.values():
@@ -155,6 +182,9 @@ class EmbeddingEngine:
         live = [it for it in items if it.future.set_running_or_notify_cancel()]
         if not live:
             return
+        started = time.time()
+        for it in live:
+            it.future.started_at = started
         faults: list[tuple[_Item, Exception]] = []
         computed = self._forward(prio, live, faults)
         if faults and not computed and self.on_pass is not None:
@@ -218,6 +248,12 @@ class EmbeddingEngine:
             self.stats.faults += 1
             faults.append((live[0], e))
         return 0
+
+
+def started_of(futures: Sequence[Future[Any]]) -> float | None:
+    """When the first pass of a request's rows started (wall clock), if one did."""
+    return min((t for f in futures if (t := getattr(f, "started_at", None)) is not None),
+               default=None)
 
 
 def seconds_of(futures: Sequence[Future[Any]]) -> float:

@@ -42,7 +42,7 @@ from jobs.outputs import dumps
 from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, parse_embeddings
 from jobs.status import StreamEvent
 from workers import metrics
-from workers.embedding_engine import REALTIME, seconds_of, when_all_done
+from workers.embedding_engine import REALTIME, seconds_of, started_of, when_all_done
 from workers.generation_request import GenRequest, build_request
 from workers.responses import (
     Choice,
@@ -345,7 +345,7 @@ class RealtimeConsumer(threading.Thread):
                  max_pending: int = 0, on_demand: bool = False) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
         self.service = service  # the service measurements the heartbeat reports
-        self.max_pending = max_pending  # realtime rows waiting in the engine (0: no cap)
+        self.max_pending = max_pending  # requests taken at once: the rows of a pass
         self.r, self.models, self.max_inputs = r, models, max_inputs
         self.allow, self.meter = allow, meter
         self.on_demand = on_demand  # INFERQ_PLACEMENT=on_demand: load what is asked for
@@ -360,6 +360,19 @@ class RealtimeConsumer(threading.Thread):
         return ([realtime.queue_for(m) for m in self.models.refs()]
                 + [realtime.queue_for(m) for m in self.models.names()]
                 + ([realtime.ANY] if self.on_demand else []))
+
+    def free_queues(self) -> list[str]:
+        """The queues it takes from now: those of versions whose engine could start a
+        request at once. A request for a busy version stays on the shared queue, for
+        whichever worker frees first (one queue, c servers: a worker that took it now
+        would make it wait out its current pass while another may be idle)."""
+        busy = self.models.busy_refs()
+        if not busy:
+            return self.queues
+        held = self.models.residents()
+        names = {r.model.name for r in held} - {r.model.name for r in held if r.ref in busy}
+        return ([realtime.queue_for(r.ref) for r in held if r.ref not in busy]
+                + [realtime.queue_for(n) for n in sorted(names)])
 
     def start(self) -> None:
         self.publisher.start()
@@ -382,23 +395,39 @@ class RealtimeConsumer(threading.Thread):
             if not self.allow():
                 time.sleep(0.5)
                 continue
-            if self.max_pending and self.models.pending(REALTIME) >= self.max_pending:
-                # A full next pass is already waiting: the rest stays on the shared
-                # queue, for whichever worker frees first (one queue, c servers).
-                time.sleep(0.002)
-                continue
-            queues = self.queues
-            if not queues and not self.on_demand:  # holds nothing yet: a load command is on its way
+            # Holds nothing yet: a load command is on its way.
+            if not self.queues and not self.on_demand:
                 time.sleep(0.2)
+                continue
+            queues = self.free_queues()
+            if not queues:  # every engine busy: the requests wait on the shared queue
+                time.sleep(0.001)
                 continue
             try:
                 got = self.r.brpop(queues, timeout=1)
+                if got is None or self.handed_back(got[0], got[1]):
+                    continue
+                more = self.fill(got[0])
             except redis.RedisError as e:
                 log.warning("realtime lane: %s; retrying", e)
                 time.sleep(1)
                 continue
-            if got is not None and not self.handed_back(got[0], got[1]):
+            if not more:
                 self.take(got[1])
+                continue
+            with self.models.gathering():  # taken together: one pass
+                for raw in (got[1], *more):
+                    self.take(raw)
+
+    def fill(self, queue: bytes | str) -> list[bytes | str]:
+        """The rest of a pass: up to ``max_pending - 1`` more requests already waiting
+        on the queue the first came from (none wait there while another worker is
+        free: a free worker blocked on the queue takes a request as it arrives)."""
+        name = queue.decode() if isinstance(queue, bytes) else queue
+        if self.max_pending <= 1 or name == realtime.ANY:
+            return []
+        got = self.r.rpop(name, self.max_pending - 1)
+        return list(got) if isinstance(got, list) else []
 
     def handed_back(self, queue: bytes | str, raw: bytes | str) -> bool:
         """A request popped from the queue of a version this worker no longer holds
@@ -500,14 +529,20 @@ class RealtimeConsumer(threading.Thread):
             tracing.end(span, error=e)
             return
         futures = res.engine.submit(ids, REALTIME)
-        if (enqueued := _enqueued_at(msg)) is not None:
-            metrics.observe_queue(usage.REALTIME, req.model, time.time() - enqueued)
+        enqueued = _enqueued_at(msg)
         ntok = sum(map(len, ids))
 
         def done() -> None:
+            # Queued: from the API's push until its first pass started.
+            started = started_of(futures)
+            queued = (None if enqueued is None or started is None
+                      else max(0.0, started - enqueued))
+            if queued is not None:
+                metrics.observe_queue(usage.REALTIME, req.model, queued)
             try:
                 body = embeddings_body(req, [f.result() for f in futures], ntok)
-                self.reply(rid, {"body": orjson.Fragment(dumps(body))})
+                self.reply(rid, {"body": orjson.Fragment(dumps(body)),
+                                 **({} if queued is None else {"queued_s": queued})})
             except Exception as e:  # noqa: BLE001 - returned to the caller as its error
                 status, err = failure(e)
                 self.reply(rid, {"status": status, "error": err})

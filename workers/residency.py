@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +154,20 @@ class Residency:
 
     def names(self) -> list[str]:
         return sorted({r.model.name for r in self.residents()})
+
+    def busy_refs(self) -> set[str]:
+        """The embedding versions whose engine is running a pass or has rows waiting:
+        a request taken for one of them now would wait behind that work."""
+        return {r.ref for r in self.residents() if r.engine is not None and not r.engine.idle()}
+
+    def gathering(self) -> ExitStack:
+        """Hold every embedding engine's next pass until the block ends (rows taken
+        together run in one pass)."""
+        stack = ExitStack()
+        for r in self.residents():
+            if r.engine is not None:
+                stack.enter_context(r.engine.gathering())
+        return stack
 
     def pending(self, priority: int | None = None) -> int:
         """Embedding rows waiting in this worker's engines (at ``priority``, if given)."""

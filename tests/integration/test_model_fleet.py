@@ -129,6 +129,7 @@ def embed(sdk: Any, model: str, text: str) -> str:
     raw = sdk.embeddings.with_raw_response.create(model=model, input=text,
                                                   encoding_format="float")
     assert raw.parse().model == model
+    assert 0 <= float(raw.headers["inferq-queue-ms"]) < 60_000  # its wait for an engine
     return str(raw.headers["inferq-model-version"])
 
 

@@ -63,7 +63,9 @@ def r(own_redis_url: str, minilm, minilm_engine) -> Iterator[redis_lib.Redis]:  
 
 
 def call(r: redis_lib.Redis, body: dict[str, Any]) -> Any:  # type: ignore[type-arg]
-    return orjson.loads(RealtimeClient(r).call("embeddings", body, 20))
+    answer = RealtimeClient(r).answer("embeddings", body, 20)
+    assert answer.queued_s is not None and 0 <= answer.queued_s < 20  # measured
+    return orjson.loads(answer.body)
 
 
 def reply_to(r: redis_lib.Redis, msg: dict[str, Any]) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -106,6 +108,41 @@ def test_realtime_refuses_a_model_it_does_not_hold(r) -> None:  # type: ignore[n
     err = realtime.error_from_event(got)
     assert err.headers == {"retry-after": "5"}
     assert err.message.startswith("no worker serves model 'bge-small' right now")
+
+
+def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, minilm,  # type: ignore[no-untyped-def]
+                                                          minilm_engine) -> None:
+    """While its engine runs or holds work, a worker pops nothing: the requests stay on
+    the model's list for whichever worker frees first. Freed, it takes those waiting
+    (up to a pass of rows) at once, and they run in one pass."""
+    from workers.embedding_engine import REALTIME
+    from workers.realtime_lane import RealtimeConsumer
+
+    client = redis_lib.Redis.from_url(own_redis_url)
+    lane = RealtimeConsumer(client, workers_models(minilm, minilm_engine), 100,
+                            allow=lambda: True, max_pending=8)
+    lane.start()
+    try:
+        with minilm_engine.gathering():  # busy: a row waits for a pass
+            busy = minilm_engine.submit([[101, 7592, 102]], REALTIME)
+            time.sleep(1.5)  # past the pop the lane was blocked in while it was idle
+            ids = [f"req_q{i}" for i in range(3)]
+            for rid in ids:
+                client.lpush(realtime.queue_for(MODEL), orjson.dumps(
+                    {"id": rid, "kind": EMBEDDINGS, "deadline": time.time() + 30,
+                     "body": {"model": MODEL, "input": f"waiting {rid}"}}))
+            time.sleep(0.5)
+            assert client.llen(realtime.queue_for(MODEL)) == 3  # none taken
+            batches = minilm_engine.stats.batches
+        busy[0].result(timeout=20)
+        for rid in ids:
+            got = client.blpop([realtime.reply_key(rid)], timeout=20)
+            assert got is not None and len(orjson.loads(got[1])["body"]["data"]) == 1
+        assert client.llen(realtime.queue_for(MODEL)) == 0
+        assert minilm_engine.stats.batches == batches + 2  # the held row, then the three
+    finally:
+        lane.stop()
+        client.close()
 
 
 # The jobs lane -------------------------------------------------------------------------

@@ -257,3 +257,30 @@ def test_stop_while_idle_is_prompt() -> None:
     time.sleep(0.05)  # the loop is now waiting on its condition
     engine.stop()
     assert not engine._thread.is_alive()
+
+
+def test_idle_is_false_while_a_pass_runs_and_rows_wait(engines: list[EmbeddingEngine]) -> None:
+    gate = threading.Event()
+    model = FakeModel(gate)
+    engine = make(engines, model, max_tokens=256, max_rows=1, min_fill=0.0)
+    assert engine.idle()
+    first = engine.submit([row(1, 3)], REALTIME)
+    assert model.entered.wait(TIMEOUT)
+    assert not engine.idle()  # running, nothing waiting
+    gate.set()
+    first[0].result(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    while not engine.idle():
+        assert time.monotonic() < deadline, "the engine never became idle"
+        time.sleep(0.01)
+
+
+def test_rows_gathered_together_run_in_one_pass(engines: list[EmbeddingEngine]) -> None:
+    model = FakeModel()
+    engine = make(engines, model, max_tokens=256, max_rows=8, min_fill=0.0)
+    with engine.gathering():
+        futures = [engine.submit([row(i, 3)], REALTIME)[0] for i in range(5)]
+        time.sleep(0.2)  # without the hold, the first row would have run alone by now
+        assert model.calls == []
+    wait(futures, timeout=TIMEOUT)
+    assert [sorted(t[0] for t in c) for c in model.calls] == [[0, 1, 2, 3, 4]]
