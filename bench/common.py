@@ -24,11 +24,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 class Poster:
     """POST a JSON body to the API on a keep-alive connection per thread (one retry on
-    a connection the server closed); returns the status and the body."""
+    a connection the server closed); returns the status and the body. The headers of a
+    thread's last answer are ``headers()``."""
 
     def __init__(self, port: int, key: str) -> None:
         self.port, self.key = port, key
         self.local = threading.local()
+
+    def headers(self) -> dict[str, str]:
+        return dict(getattr(self.local, "headers", {}))
 
     def post(self, path: str, body: str) -> tuple[int, bytes]:
         for attempt in range(2):
@@ -40,6 +44,7 @@ class Poster:
                 conn.request("POST", path, body, {"Authorization": f"Bearer {self.key}",
                                                   "Content-Type": "application/json"})
                 resp = conn.getresponse()
+                self.local.headers = dict(resp.getheaders())  # this thread's last answer's
                 return resp.status, resp.read()
             except (OSError, http.client.HTTPException):
                 conn.close()

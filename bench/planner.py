@@ -1,5 +1,5 @@
 """The capacity planner's accuracy: predicted (M/G/c) vs measured p99 wait of
-realtime requests for 1, 2 and 4 workers at two loads each.
+realtime requests for 1, 2 and 4 workers (``--workers``) at two loads each.
 
 For each worker count c, a stack (embedded backends) with c model workers on the
 realtime lane, each with one torch thread and micro-batches of one row
@@ -11,11 +11,15 @@ than an exponential one would (the workers measure its Cs², which M/G/c takes).
    without waiting is the least of the three (L0: API, Redis and its own pass);
 2. capacity: a closed loop of 3c clients for --saturate s; μ_sat per worker from
    the workers' heartbeats;
-3. for each load ρ in --loads: Poisson arrivals at λ = ρ·c·μ_sat for --window s;
-   each request's wait is its latency minus its text's L0; the prediction is the
-   M/G/c p99 wait (Erlang C with the Allen–Cunneen factor) at that λ with μ and Cs²
-   as the workers measured them during the run (their heartbeats: the model's input,
-   read from live metrics as `inferq capacity` does), the M/M/c one beside it.
+3. for each load ρ in --loads: Poisson arrivals at λ = ρ·c·μ_sat for --window s, or
+   longer where that is fewer than --requests arrivals (a p99 needs enough of them);
+   each request's wait is the time it waited for a worker's engine, as its answer says
+   (the ``inferq-queue-ms`` header: from the API's push to the start of its pass);
+   the prediction is the M/G/c p99 wait (Erlang C with the Allen–Cunneen factor) at
+   that λ with μ and Cs² as the workers measured them during the run (their
+   heartbeats: the model's input, read from live metrics as `inferq capacity` does),
+   the M/M/c one beside it. The client-side wait (latency minus its text's L0: the
+   queue plus whatever else a busier API, Redis and machine add) is reported beside.
 With ``--accelerator simulated`` the workers run the simulated accelerator
 (``--profile``, default cpu1-minilm: one CPU core's cost per padded token) instead of
 the model: everything else is the real service, and c workers are c servers even where
@@ -99,8 +103,12 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
             mu_sat, _ = measured(r)
             for rho in args.loads:
                 lam = rho * c * mu_sat
-                got = open_loop_texts(mixed, lam, args.window, seed=int(rho * 100))
-                waits = [max(0.0, lat - base[t]) for status, lat, t in got if status == 200]
+                window = max(args.window, args.requests / lam)
+                got = open_loop_texts(mixed, lam, window, seed=int(rho * 100))
+                ok = [(lat, t, q) for status, lat, t, q in got if status == 200]
+                client = [max(0.0, lat - base[t]) for lat, t, _ in ok]
+                waits = [q for _, _, q in ok if q is not None]
+                assert len(waits) == len(ok), "answers without inferq-queue-ms"
                 time.sleep(2.5)
                 mu, scv = measured(r)
                 predicted = admission.wait_percentile(0.99, c, lam, mu, scv)
@@ -110,6 +118,8 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
                             "rho_offered": rho, "lambda": lam, "mu_sat": mu_sat,
                             "mu_run": mu, "scv": scv, "rho_model": lam / (c * mu),
                             "requests": len(got), "answered": len(waits),
+                            "window_s": window, "client_p99_s": pct(client, 0.99),
+                            "client_p50_s": pct(client, 0.5),
                             "predicted_p99_s": predicted, "mmc_p99_s": mmc,
                             "measured_p99_s": p99, "measured_p50_s": pct(waits, 0.5),
                             "predicted_p50_s": admission.wait_percentile(0.5, c, lam, mu, scv),
@@ -125,7 +135,7 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
 
 class MixedCaller:
     """Each call sends a random text of the pool (one keep-alive connection per thread
-    and text); returns the status and the text sent."""
+    and text); returns the status."""
 
     def __init__(self, callers: dict[str, Caller], pool: list[str], rng: random.Random
                  ) -> None:
@@ -141,19 +151,24 @@ class MixedCaller:
 
 
 def open_loop_texts(mixed: MixedCaller, rate: float, window: float, seed: int
-                    ) -> list[tuple[int, float, str]]:
-    """Poisson arrivals at ``rate`` for ``window`` s: (status, latency, text)."""
+                    ) -> list[tuple[int, float, str, float | None]]:
+    """Poisson arrivals at ``rate`` for ``window`` s: (status, latency, text, the wait
+    for an engine its answer reports in seconds)."""
     rng = random.Random(seed)
-    out: list[tuple[int, float, str]] = []
+    out: list[tuple[int, float, str, float | None]] = []
     lock = threading.Lock()
 
     def one(at: float, text: str) -> None:
+        caller = mixed.callers[text]
+        queued = None
         try:
-            status = mixed.callers[text]()
+            status = caller()
+            if (ms := caller.headers().get("inferq-queue-ms")) is not None:
+                queued = float(ms) / 1000
         except OSError:
             status = 0
         with lock:
-            out.append((status, time.perf_counter() - at, text))
+            out.append((status, time.perf_counter() - at, text, queued))
 
     with ThreadPoolExecutor(256) as pool:
         for due in poisson_arrivals(rng, rate, window):
@@ -166,6 +181,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.8])
     ap.add_argument("--window", type=float, default=20)
+    ap.add_argument("--requests", type=int, default=0,
+                    help="at least this many arrivals per load (the window grows)")
     ap.add_argument("--saturate", type=float, default=8)
     ap.add_argument("--texts", type=int, default=24)
     ap.add_argument("--mean-words", type=float, default=40)
@@ -184,7 +201,8 @@ def main() -> None:
               f"{x['mu_run']:.1f}", f"{x['scv']:.2f}", f"{x['rho_model']:.2f}", x["answered"],
               f"{x['predicted_p50_s'] * 1000:.0f}", f"{x['measured_p50_s'] * 1000:.0f}",
               f"{x['predicted_p99_s'] * 1000:.0f}", f"{x['measured_p99_s'] * 1000:.0f}",
-              err(x["error"]), f"{x['mmc_p99_s'] * 1000:.0f}", err(x["mmc_error"])]
+              err(x["error"]), f"{x['mmc_p99_s'] * 1000:.0f}", err(x["mmc_error"]),
+             f"{x['client_p99_s'] * 1000:.0f}"]
              for x in rows]
     within = sum(1 for x in rows if x["error"] is not None and abs(x["error"]) <= 0.25)
     mmc_within = sum(1 for x in rows
@@ -196,7 +214,7 @@ def main() -> None:
            f"p99 predictions within 25 % (M/M/c: {mmc_within})",
            ["workers", "ρ offered", "λ /s", "μ /s/worker", "Cs²", "ρ model", "answered",
             "p50 pred ms", "p50 meas ms", "p99 pred ms", "p99 meas ms", "p99 error",
-            "M/M/c p99 ms", "M/M/c error"],
+            "M/M/c p99 ms", "M/M/c error", "client p99 ms"],
            table, {"rows": rows, "within_25pct": within, "mmc_within_25pct": mmc_within,
                    "args": vars(args)})
 
