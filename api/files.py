@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, g, request, stream_with_context
+from pydantic import ValidationError
 
 from api import context
 from api.idempotency import idempotent
 from api.schemas import file_object, page, page_params, query_text
 from jobs import service
 from jobs.errors import InvalidRequest
+from jobs.requests import MAX_FILE_EXPIRY_S, MIN_FILE_EXPIRY_S, ExpiresAfter
 from storage.objects import CHUNK
 
 bp = Blueprint("files", __name__)
@@ -27,8 +29,32 @@ def create() -> Any:
     if "\x00" in filename:
         raise InvalidRequest("the file name must not contain NUL", param="file")
     purpose = request.form.get("purpose", "")
-    f = service.create_file(context(), g.tenant_id, filename, purpose, upload.stream)
+    f = service.create_file(context(), g.tenant_id, filename, purpose, upload.stream,
+                            expires_after(request.form))
     return file_object(f)
+
+
+FORM_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
+
+
+def expires_after(form: Any) -> int | None:
+    """The seconds of ``expires_after`` (sent as the form fields ``expires_after[anchor]``
+    and ``expires_after[seconds]``), if given; any other field is refused by name."""
+    if unknown := sorted(set(form) - FORM_FIELDS):
+        raise InvalidRequest(f"unsupported parameter: {unknown[0]!r} (files.create takes "
+                             "file, purpose and expires_after)", param=unknown[0],
+                             code="unsupported_parameter")
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    try:
+        given = ExpiresAfter.model_validate(
+            {"anchor": anchor, "seconds": int(seconds) if seconds is not None else None})
+    except (ValueError, ValidationError):
+        raise InvalidRequest(
+            "expires_after must be {anchor: 'created_at', seconds: "
+            f"{MIN_FILE_EXPIRY_S}..{MAX_FILE_EXPIRY_S}}}", param="expires_after") from None
+    return given.seconds
 
 
 @bp.get("/files")

@@ -118,9 +118,16 @@ def failure(b: Any) -> str:
               help="submitting again with the same key and file returns the same batch")
 @click.option("--wait/--no-wait", default=False,
               help="follow its progress (the batch's event stream) until it ends")
+@click.option("--expires-after", type=click.IntRange(3600, 30 * 86400), default=None,
+              metavar="SECONDS", help="the uploaded input file expires this long after "
+              "it is made (3600 to 2592000; default: kept until deleted)")
+@click.option("--output-expires-after", type=click.IntRange(3600, 30 * 86400), default=None,
+              metavar="SECONDS", help="its output and error files expire this long after "
+              "they are made (3600 to 2592000; default: kept until deleted)")
 @with_client
 def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ...],
            service_tier: str | None, idempotency_key: str | None, wait: bool,
+           expires_after: int | None, output_expires_after: int | None,
            api_url: str | None, api_key: str | None) -> None:
     """Upload PATH (JSONL or Parquet) and create a batch; prints its id."""
     meta = parse_metadata(metadata)
@@ -142,9 +149,14 @@ def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ..
 
     with path.open("rb") as fh:
         f = client.files.create(file=(path.name, fh), purpose="batch",
-                                extra_headers=headers(FILE_KEY_SUFFIX))
+                                extra_headers=headers(FILE_KEY_SUFFIX),
+                                **({} if expires_after is None else {"expires_after": {
+                                    "anchor": "created_at", "seconds": expires_after}}))
     b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
-                              metadata=meta, extra_body=body or None, extra_headers=headers(""))
+                              metadata=meta, extra_body=body or None, extra_headers=headers(""),
+                              **({} if output_expires_after is None else {
+                                  "output_expires_after": {"anchor": "created_at",
+                                                           "seconds": output_expires_after}}))
     click.echo(b.id)
     if wait:
         b = follow_events(client, b.id)

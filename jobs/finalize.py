@@ -121,9 +121,10 @@ def _output_file(s: Session, b: Batch, kind: str, fmt: str, written: tuple[str, 
     key, size, rows = written
     if rows == 0:
         return None
+    t = now()
     f = File(id=new_id("file-"), tenant_id=b.tenant_id, filename=f"{b.id}_{kind}.{fmt}",
-             purpose="batch_output", format=fmt, bytes=size, object_key=key,
-             created_at=now())
+             purpose="batch_output", format=fmt, bytes=size, object_key=key, created_at=t,
+             expires_at=None if b.output_expires_after is None else t + b.output_expires_after)
     s.add(f)
     return f.id
 

@@ -19,7 +19,9 @@ Run by the control worker every few seconds (``sweep``). It
   one that cannot be had are refused (``model_not_loaded``), so a job pushed while
   no jobs worker was live, or as its version's load failed, does not wait forever;
 - marks pending uploads past their ``expires_at`` expired and deletes their parts
-  (``jobs.batches.uploads.expire``).
+  (``jobs.batches.uploads.expire``);
+- deletes expired files' objects, and webhook events and usage records past their
+  retention (``jobs.batches.retention``).
 Every change is a conditional UPDATE, so two janitors (or a janitor racing a
 worker) cannot both act on the same shard.
 """
@@ -33,7 +35,7 @@ from sqlalchemy import and_, exists, func, select, update
 
 from jobs import asyncjobs, fairshare, placement
 from jobs import repository as repo
-from jobs.batches import uploads
+from jobs.batches import retention, uploads
 from jobs.context import Context
 from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard, now
@@ -52,6 +54,7 @@ class SweepReport:
     placed: list[tuple[str, str, str]] = field(default_factory=list)  # warm pools' commands
     unplaceable: list[str] = field(default_factory=list)  # versions whose jobs were refused
     expired_uploads: list[str] = field(default_factory=list)
+    pruned: retention.Pruned = field(default_factory=retention.Pruned)
 
 
 def sweep(ctx: Context) -> SweepReport:
@@ -75,6 +78,7 @@ def sweep(ctx: Context) -> SweepReport:
                       .values(updated_at=0.0))
         raise
     rep.expired_uploads = uploads.expire(ctx)
+    rep.pruned = retention.prune(ctx)
     return rep
 
 

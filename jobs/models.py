@@ -154,10 +154,14 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     object_key: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # Past it the file is gone: answered as deleted at once, its object deleted by the
+    # janitor (jobs/retention.py) once no batch that has not ended reads it.
     expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
 
-    __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
+    __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),
+                      Index("ix_files_expires_at", "expires_at",
+                            postgresql_where="NOT deleted AND expires_at IS NOT NULL"))
 
 
 class Upload(Base):
@@ -232,6 +236,8 @@ class Batch(Base):
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # inferq extension: where its terminal event is also sent (jobs/webhooks.py).
     callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
+    # Its output and error files' expires_at: their created_at plus these seconds.
+    output_expires_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Its usage is not kept here: it is its shards', summed on read (repository.shard_sums).
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -456,6 +462,8 @@ class WebhookEvent(Base):
     subject_id: Mapped[str] = mapped_column(String(48))  # the batch or job
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+    __table_args__ = (Index("ix_webhook_events_created_at", "created_at"),)
 
 
 class WebhookDelivery(Base):

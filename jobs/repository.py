@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from jobs import usage
 from jobs.errors import InvalidRequest
-from jobs.models import AdminKey, ApiKey, Batch, File, RateLimit, ServiceAccount, Shard, Tenant
+from jobs.models import AdminKey, ApiKey, Batch, File, RateLimit, ServiceAccount, Shard, Tenant, now
 from jobs.outputs import Tokens
 from jobs.status import SHARD_FINISHED, TERMINAL, BatchStatus, ShardStatus
 
@@ -51,10 +51,16 @@ def touch_key(s: Session, api_key_id: str, at: int) -> None:
               .values(last_used_at=at))
 
 
+def file_exists(at: int | None = None) -> Any:
+    """The condition of a file that is there: not deleted, not past its expiry (an
+    expired file is gone at once, before the janitor deletes its object)."""
+    t = now() if at is None else at
+    return File.deleted.is_(False) & (File.expires_at.is_(None) | (File.expires_at > t))
+
+
 def get_file(s: Session, tenant_id: str, file_id: str, lock: bool = False) -> File | None:
     """``lock``: its row locked (a batch created from it and its deletion serialize)."""
-    q = select(File).where(File.id == file_id, File.tenant_id == tenant_id,
-                           File.deleted.is_(False))
+    q = select(File).where(File.id == file_id, File.tenant_id == tenant_id, file_exists())
     return s.scalar(q.with_for_update() if lock else q)
 
 

@@ -146,6 +146,19 @@ def text_length(body: dict[str, Any]) -> int:
     return 0
 
 
+MIN_FILE_EXPIRY_S, MAX_FILE_EXPIRY_S = 3600, 30 * 86400  # as OpenAI's files
+
+
+class ExpiresAfter(BaseModel):
+    """When a File expires: ``seconds`` after its ``created_at`` (files, uploads, and
+    a batch's output and error files)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=MIN_FILE_EXPIRY_S, le=MAX_FILE_EXPIRY_S)
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -159,6 +172,8 @@ class BatchCreate(BaseModel):
     body: dict[str, Any] = Field(default_factory=dict)
     # inferq extension: where the batch's terminal event is also sent (jobs/webhooks.py).
     callback_url: str | None = Field(default=None, max_length=2048)
+    # Its output and error files expire this long after they are made.
+    output_expires_after: ExpiresAfter | None = None
 
     @field_validator("endpoint")
     @classmethod

@@ -133,8 +133,9 @@ def list_models(ctx: Context) -> list[Model]:
 
 
 def create_file(ctx: Context, tenant_id: str, filename: str, purpose: str,
-                stream: IO[bytes]) -> File:
-    """Stream an upload into the object store and record it."""
+                stream: IO[bytes], expires_after: int | None = None) -> File:
+    """Stream an upload into the object store and record it; it expires
+    ``expires_after`` seconds after it is made, if given."""
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequest(f"purpose must be one of: {', '.join(UPLOAD_PURPOSES)}",
                              param="purpose")
@@ -145,9 +146,11 @@ def create_file(ctx: Context, tenant_id: str, filename: str, purpose: str,
     file_id = new_id("file-")
     key = keys.file_object(file_id)
     size = ctx.store.put_stream(key, stream)
+    t = now()
     f = File(id=file_id, tenant_id=tenant_id, filename=filename[:512] or "upload",
              purpose=purpose, format="parquet" if is_parquet(head) else "jsonl", bytes=size,
-             object_key=key, created_at=now())
+             object_key=key, created_at=t,
+             expires_at=None if expires_after is None else t + expires_after)
     with ctx.db.session() as s:
         s.add(f)
     return f
@@ -163,7 +166,7 @@ def get_file(ctx: Context, tenant_id: str, file_id: str) -> File:
 
 def list_files(ctx: Context, tenant_id: str, after: str | None, limit: int,
                purpose: str | None) -> tuple[list[File], bool]:
-    extra = [File.deleted.is_(False)] + ([File.purpose == purpose] if purpose else [])
+    extra = [repo.file_exists()] + ([File.purpose == purpose] if purpose else [])
     with ctx.db.session() as s:
         return repo.page(s, File, tenant_id, after, limit, extra)
 
@@ -227,7 +230,9 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                   service_tier="flex" if req.service_tier == "flex" else "default",
                   status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
                   callback_url=req.callback_url, created_at=created,
-                  expires_at=created + WINDOW_SECONDS[req.completion_window])
+                  expires_at=created + WINDOW_SECONDS[req.completion_window],
+                  output_expires_after=(req.output_expires_after.seconds
+                                        if req.output_expires_after else None))
         s.add(b)
     ctx.dispatcher.validate(b.id)
     return b

@@ -259,6 +259,12 @@ class Settings(BaseSettings):
     webhook_concurrency_per_target: int = Field(default=4, ge=1)  # per endpoint / URL
     webhook_lease_margin_s: float = Field(default=10.0, ge=0)
 
+    # Retention (jobs/batches/retention.py, the janitor's): webhook events are deleted
+    # with their deliveries and attempts this long after the event, once none of its
+    # deliveries is pending; usage records this long after they were written (0: kept).
+    webhook_retention_days: float = Field(default=30.0, gt=0)
+    usage_retention_days: float = Field(default=0.0, ge=0)
+
     # Tracing and logs (jobs/tracing.py, jobs/logs.py). OpenTelemetry spans from the API's
     # request through the queues to the worker's engine steps. otel_exporter: none (off:
     # no spans, no exporter thread), otlp (OTLP over HTTP to otel_endpoint, e.g.

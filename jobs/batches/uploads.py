@@ -23,7 +23,7 @@ import hashlib
 import io
 import logging
 import re
-from typing import IO, Annotated, Literal
+from typing import IO, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from jobs.context import Context
 from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
 from jobs.models import File, Upload, UploadPart, new_id, now
+from jobs.requests import ExpiresAfter
 from jobs.service import UPLOAD_PURPOSES
 from jobs.status import UploadStatus
 from storage import keys
@@ -47,19 +48,9 @@ EXPIRES_S = 3600  # an upload is pending this long after it is created
 MIME_TYPES = ("application/jsonl", "application/x-jsonlines", "application/x-ndjson",
               "application/json", "text/jsonl", "application/vnd.apache.parquet",
               "application/x-parquet", "application/octet-stream")
-MIN_FILE_EXPIRY_S, MAX_FILE_EXPIRY_S = 3600, 30 * 86400
 _MD5 = re.compile(r"[0-9a-fA-F]{32}")
 STRICT = ConfigDict(strict=True, extra="forbid")
 PartId = Annotated[str, Field(max_length=64)]
-
-
-class ExpiresAfter(BaseModel):
-    """When the File the upload makes expires: ``seconds`` after its ``created_at``."""
-
-    model_config = STRICT
-
-    anchor: Literal["created_at"]
-    seconds: int = Field(ge=MIN_FILE_EXPIRY_S, le=MAX_FILE_EXPIRY_S)
 
 
 class UploadCreate(BaseModel):

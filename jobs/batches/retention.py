@@ -1,0 +1,82 @@
+"""Retention: what expires is deleted, what is kept has a stated lifetime.
+
+- **Files** past ``expires_at`` (``expires_after`` of ``POST /v1/files`` and of an
+  upload; a batch's ``output_expires_after`` for its output and error files, anchored
+  at their ``created_at``) are gone at once: every route answers them as deleted
+  (``repository.file_exists``). The janitor then deletes their objects from the
+  object store and marks their rows deleted — a batch's input only once every batch
+  reading it has ended, as ``DELETE /v1/files/{id}`` waits for them.
+- **Webhook events**, with their deliveries and attempts, are deleted
+  ``INFERQ_WEBHOOK_RETENTION_DAYS`` after the event once none of its deliveries is
+  pending (a delivery is retried for ``INFERQ_WEBHOOK_RETRY_PERIOD_S`` at most).
+- **Usage records** are deleted ``INFERQ_USAGE_RETENTION_DAYS`` after they were
+  written (0, the default: kept; the usage and costs routes read them).
+Each pass deletes at most ``limit`` of each, oldest first, so a sweep stays short.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, exists, select
+
+from jobs.context import Context
+from jobs.models import Batch, File, UsageRecord, WebhookDelivery, WebhookEvent, now
+from jobs.status import TERMINAL, DeliveryStatus
+
+DAY = 86400
+
+
+@dataclass
+class Pruned:
+    files: list[str] = field(default_factory=list)  # expired files deleted
+    events: int = 0  # webhook events deleted (with their deliveries and attempts)
+    usage: int = 0  # usage records deleted
+
+
+def prune(ctx: Context, at: float | None = None, limit: int = 500) -> Pruned:
+    t = time.time() if at is None else at
+    out = Pruned(files=expire_files(ctx, int(t), limit))
+    out.events = _old_events(ctx, t - ctx.settings.webhook_retention_days * DAY, limit)
+    if ctx.settings.usage_retention_days > 0:
+        out.usage = _old_usage(ctx, t - ctx.settings.usage_retention_days * DAY, limit)
+    return out
+
+
+def expire_files(ctx: Context, at: int | None = None, limit: int = 500) -> list[str]:
+    """Files past their expiry that no unfinished batch reads: objects deleted, rows
+    marked deleted. Their ids. A failed object delete rolls the pass back: the next
+    sweep tries again."""
+    t = now() if at is None else at
+    reading = exists().where(Batch.input_file_id == File.id, Batch.status.not_in(TERMINAL))
+    with ctx.db.session() as s:
+        files = list(s.scalars(
+            select(File).where(File.deleted.is_(False), File.expires_at.is_not(None),
+                               File.expires_at <= t, ~reading)
+            .order_by(File.expires_at).limit(limit).with_for_update(skip_locked=True)))
+        for f in files:
+            ctx.store.delete(f.object_key)
+            f.deleted = True
+        return [f.id for f in files]
+
+
+def _old_events(ctx: Context, before: float, limit: int) -> int:
+    pending = exists().where(WebhookDelivery.event_id == WebhookEvent.id,
+                             WebhookDelivery.status == DeliveryStatus.PENDING)
+    with ctx.db.session() as s:
+        ids = list(s.scalars(select(WebhookEvent.id).where(
+            WebhookEvent.created_at < before, ~pending)
+            .order_by(WebhookEvent.created_at).limit(limit)))
+        if ids:  # deliveries and attempts go with them (ON DELETE CASCADE)
+            s.execute(delete(WebhookEvent).where(WebhookEvent.id.in_(ids)))
+        return len(ids)
+
+
+def _old_usage(ctx: Context, before: float, limit: int) -> int:
+    with ctx.db.session() as s:
+        ids = list(s.scalars(select(UsageRecord.id).where(UsageRecord.created_at < before)
+                             .order_by(UsageRecord.created_at).limit(limit)))
+        if ids:
+            s.execute(delete(UsageRecord).where(UsageRecord.id.in_(ids)))
+        return len(ids)

@@ -1,0 +1,35 @@
+"""Files expire; a batch says when its output and error files do.
+
+``batches.output_expires_after``: seconds after their ``created_at`` at which the
+batch's output and error files expire (``output_expires_after`` of ``POST
+/v1/batches``); NULL for every existing batch (kept until deleted). Indexes of the
+files that will expire and of webhook events by age, for the janitor.
+
+Revision ID: 0016
+Revises: 0015
+Create Date: 2026-12-05 05:00:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0016"
+down_revision: str | None = "0015"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("batches", sa.Column("output_expires_after", sa.BigInteger(),
+                                       nullable=True))
+    op.create_index("ix_files_expires_at", "files", ["expires_at"],
+                    postgresql_where=sa.text("NOT deleted AND expires_at IS NOT NULL"))
+    op.create_index("ix_webhook_events_created_at", "webhook_events", ["created_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_webhook_events_created_at", table_name="webhook_events")
+    op.drop_index("ix_files_expires_at", table_name="files")
+    op.drop_column("batches", "output_expires_after")
