@@ -13,8 +13,10 @@ from sqlalchemy.exc import DBAPIError
 
 from api import context, streams
 from api.idempotency import idempotent
-from api.schemas import batch_object, json_body, page, page_params
+from api.schemas import batch_object, json_body, optional_json_body, page, page_params
 from jobs import partial, progress, service
+from jobs.batches import retry
+from jobs.batches.retry import BatchRetry
 from jobs.repository import ShardSums
 from jobs.requests import BatchCreate, parse_model
 from jobs.settings import Settings
@@ -60,6 +62,24 @@ def output(batch_id: str) -> Response:
         "inferq-next-cursor": out.next_cursor, "inferq-batch-status": str(out.batch.status),
         "inferq-chunks": str(out.chunks), "inferq-complete": "true" if out.complete else "false",
         "Cache-Control": "no-store"})
+
+
+@bp.post("/batches/<batch_id>/retry")
+@idempotent
+def retry_(batch_id: str) -> Any:
+    """A child batch of the batch's failed requests (docs/API.md, Reruns)."""
+    req = parse_model(BatchRetry, optional_json_body())
+    b = retry.retry(context(), g.tenant_id, batch_id, req.error_codes, g.api_key_id)
+    return batch_object(b, ShardSums())
+
+
+@bp.get("/batches/<batch_id>/merged_output")
+def merged_output(batch_id: str) -> Response:
+    """Each request of the batch once, with its latest result (its reruns' included)."""
+    fmt, blocks = retry.merged_output(context(), g.tenant_id, batch_id)
+    return Response(stream_with_context(blocks), mimetype=(
+        "application/octet-stream" if fmt == "parquet" else "application/jsonl"),
+        headers={"Cache-Control": "no-store"})
 
 
 @bp.get("/batches/<batch_id>/events")

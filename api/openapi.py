@@ -24,6 +24,7 @@ from api import admin, fleet
 from api import schemas as s
 from jobs import partial, tenants, usage
 from jobs.asyncjobs import JobCreate
+from jobs.batches.retry import BatchRetry
 from jobs.batches.uploads import UploadComplete, UploadCreate
 from jobs.dispatch import MODEL_LANES
 from jobs.requests import BatchCreate, ChatBody, CompletionBody, EmbeddingsBody, ResponsesBody
@@ -33,7 +34,7 @@ bp = Blueprint("openapi", __name__, template_folder="templates")
 
 # The view (endpoint name) -> the model its JSON body is parsed with.
 BODIES: dict[str, type[BaseModel]] = {
-    "batches.create": BatchCreate, "uploads.create": UploadCreate,
+    "batches.create": BatchCreate, "batches.retry_": BatchRetry, "uploads.create": UploadCreate,
     "uploads.complete": UploadComplete, "inference.embeddings": EmbeddingsBody,
     "inference.chat_completions": ChatBody, "inference.completions": CompletionBody,
     "inference.responses": ResponsesBody,
@@ -45,7 +46,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate,
     "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody, "fleet.add": fleet.ModelAdd}
 # Bodies that may be left out entirely (every field optional).
-OPTIONAL_BODIES = {"webhooks.update", "webhooks.rotate_secret", "webhooks.rotate_callback_secret",
+OPTIONAL_BODIES = {"batches.retry_", "webhooks.update", "webhooks.rotate_secret",
+                   "webhooks.rotate_callback_secret",
                    "admin.update_project", "admin.create_key"}
 UPLOADS: dict[str, type[BaseModel]] = {"files.create": s.FileUpload,
                                        "uploads.add_part": s.PartUpload}
@@ -58,6 +60,7 @@ OK: dict[str, type[BaseModel]] = {
     "uploads.complete": s.UploadObject, "uploads.cancel": s.UploadObject,
     "batches.create": s.BatchObject, "batches.list_": s.Page[s.BatchObject],
     "batches.retrieve": s.BatchObject, "batches.cancel": s.BatchObject,
+    "batches.retry_": s.BatchObject,
     "inference.embeddings": s.EmbeddingsResponse,
     "inference.chat_completions": s.ChatCompletion, "inference.completions": s.Completion,
     "inference.responses": s.ResponseObject,
@@ -98,6 +101,8 @@ MEDIA: dict[str, dict[str, Any]] = {
     "files.content": {"application/jsonl": TEXT, "application/octet-stream": {
         "type": "string", "format": "binary"}},
     "batches.output": {"application/jsonl": TEXT},
+    "batches.merged_output": {"application/jsonl": TEXT, "application/octet-stream": {
+        "type": "string", "format": "binary"}},
     "batches.events": {"text/event-stream": SSE},
     "health.metrics": {"text/plain": TEXT},
     "openapi.openapi": {"application/json": {"type": "object"}},
@@ -107,8 +112,8 @@ STREAMS = {"inference.chat_completions", "inference.completions",  # stream: tru
 HEADERS = {  # the 200 answer's headers
     "batches.output": ("inferq-next-cursor", "inferq-batch-status", "inferq-chunks",
                        "inferq-complete"),
-    **{v: ("inferq-model-version",) for v in ("inference.embeddings",
-                                              "inference.chat_completions",
+    "inference.embeddings": ("inferq-model-version", "inferq-queue-ms"),
+    **{v: ("inferq-model-version",) for v in ("inference.chat_completions",
                                               "inference.completions",
                                               "inference.responses")}}
 
@@ -118,6 +123,7 @@ NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest m
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {
     "batches.create": {404}, "batches.cancel": {409}, "uploads.cancel": {400},
+    "batches.retry_": {409}, "batches.merged_output": {409},
     "files.delete": {409},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
     "inference.completions": {413, 429, 504}, "inference.responses": {413, 429, 504},
@@ -127,7 +133,7 @@ ERRORS: dict[str, set[int]] = {
     "admin.archive_project": {409}, "admin.create_service_account": {409},
     "admin.create_key": {409}, "admin.update_rate_limit": {409},
     "fleet.add": {409}, "fleet.remove": {409}}
-IDEMPOTENT = {"batches.create", "files.create", "jobs.create", "uploads.create",
+IDEMPOTENT = {"batches.create", "batches.retry_", "files.create", "jobs.create", "uploads.create",
               "uploads.add_part"}
 STATUS_TEXT = {200: "success", 204: "no content", 400: "invalid request",
                401: "no valid API key", 403: "the key may not do this",

@@ -29,6 +29,11 @@ _MISSING = {"file_id": "No such File object: {}", "batch_id": "No such Batch obj
 MAX_JSON_BODY = 64 * 1024 * 1024  # bytes of any request body but an upload's
 
 
+def optional_json_body() -> dict[str, Any]:
+    """A JSON body where every field is optional: none at all is ``{}``."""
+    return json_body() if request.get_data(cache=True) else {}
+
+
 def json_body(limit: int = MAX_JSON_BODY) -> dict[str, Any]:
     """The request's JSON object: valid UTF-8, at most ``MAX_JSON_DEPTH`` levels deep,
     no NUL character in any string (the database cannot store one)."""
@@ -138,7 +143,7 @@ def batch_object(b: Batch, sums: ShardSums) -> dict[str, Any]:
         "request_counts": {"total": b.total, "completed": completed,
                            "failed": failed + b.invalid},
         "metadata": b.metadata_, "model": b.model, "model_version": b.model_version,
-        "service_tier": b.service_tier,
+        "service_tier": b.service_tier, "parent_batch_id": b.parent_batch_id,
         "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens": output_tokens,
                   "output_tokens_details": {"reasoning_tokens": 0},
@@ -289,6 +294,7 @@ class BatchObject(Out):
     model: str | None
     model_version: str | None  # the version pinned when the batch was validated
     service_tier: str
+    parent_batch_id: str | None  # the batch whose failed requests this one reruns
     usage: BatchUsage
 
 

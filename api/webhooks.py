@@ -11,7 +11,7 @@ from typing import Any
 from flask import Blueprint, g, request
 
 from api import context
-from api.schemas import ID, json_body, page, page_params
+from api.schemas import ID, json_body, optional_json_body, page, page_params
 from jobs import deliveries as outbox
 from jobs import webhooks
 from jobs.errors import InvalidRequest, NotFound, shown
@@ -28,11 +28,6 @@ def _check_path_ids() -> None:
     for name, value in (request.view_args or {}).items():
         if name in PATH_IDS and not ID.fullmatch(value):
             raise NotFound(f"No such {PATH_IDS[name]}: {shown(value)}", param=name)
-
-
-def _optional_body() -> dict[str, Any]:
-    """A JSON body where every field is optional: none at all is ``{}``."""
-    return json_body() if request.get_data(cache=True) else {}
 
 
 @bp.post("/webhook_endpoints")
@@ -57,7 +52,7 @@ def retrieve(webhook_endpoint_id: str) -> Any:
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>")
 def update(webhook_endpoint_id: str) -> Any:
-    req = parse_model(webhooks.EndpointUpdate, _optional_body())
+    req = parse_model(webhooks.EndpointUpdate, optional_json_body())
     return webhooks.endpoint_object(
         webhooks.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req))
 
@@ -70,7 +65,7 @@ def delete(webhook_endpoint_id: str) -> Any:
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret")
 def rotate_secret(webhook_endpoint_id: str) -> Any:
-    req = parse_model(webhooks.RotateSecret, _optional_body())
+    req = parse_model(webhooks.RotateSecret, optional_json_body())
     e = webhooks.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
                                req.keep_old_secret_active_for_24_hours)
     return webhooks.endpoint_object(e, with_secret=True)
@@ -120,7 +115,7 @@ def callback_secret() -> Any:
 
 @bp.post("/webhook_callback_secret")
 def rotate_callback_secret() -> Any:
-    req = parse_model(webhooks.RotateSecret, _optional_body())
+    req = parse_model(webhooks.RotateSecret, optional_json_body())
     row = webhooks.rotate_callback_secret(context(), g.tenant_id,
                                           req.keep_old_secret_active_for_24_hours)
     return webhooks.callback_secret_object(row, with_secret=True)

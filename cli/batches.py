@@ -353,10 +353,15 @@ def status_line(data: dict[str, Any]) -> str:
                    "extension gets one)")
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also write the error file here (same extension rule)")
+@click.option("--merged", is_flag=True,
+              help="write each request once with its latest result: the batch's own, or "
+                   "that of a rerun of it (`inferq retry`) that ended later; errors included")
 @with_client
-def results(batch_id: str, output: Path, errors: Path | None, api_url: str | None,
-            api_key: str | None) -> None:
+def results(batch_id: str, output: Path, errors: Path | None, merged: bool,
+            api_url: str | None, api_key: str | None) -> None:
     """Download a batch's output (and error) file."""
+    if merged and errors is not None:
+        raise click.UsageError("--merged writes one file, errors included: leave out --errors")
     client = _client(api_url, api_key)
     b = client.batches.retrieve(batch_id)
     if b.status not in TERMINAL:
@@ -364,6 +369,10 @@ def results(batch_id: str, output: Path, errors: Path | None, api_url: str | Non
         done = f"{rc.completed + rc.failed} of {rc.total} requests done" if rc else b.status
         raise click.ClickException(f"batch {batch_id} is still {b.status} ({done}): its "
                                    "results are written when it ends; try again then")
+    if merged:
+        for path in download_all(client, [(Merged(batch_id), output)]):
+            click.echo(f"wrote {path}")
+        return
     failed = b.status == BatchStatus.FAILED
     if b.output_file_id is None and b.error_file_id is None:
         raise click.ClickException(failure(b) if failed else
@@ -382,8 +391,16 @@ def results(batch_id: str, output: Path, errors: Path | None, api_url: str | Non
         sys.exit(1)
 
 
-def download_all(client: Any, files: list[tuple[str, Path]]) -> list[Path]:
-    """Download (file id, destination) pairs, all or nothing; the paths written.
+@dataclass(frozen=True)
+class Merged:
+    """A batch's merged results (``GET /v1/batches/{id}/merged_output``), as a download."""
+
+    batch_id: str
+
+
+def download_all(client: Any, files: list[tuple[str | Merged, Path]]) -> list[Path]:
+    """Download (file id or merged results, destination) pairs, all or nothing; the
+    paths written.
 
     Each file goes to a temporary file beside its destination, all opened before the
     first byte is fetched (a destination that cannot be written fails at once), and
@@ -409,18 +426,26 @@ def download_all(client: Any, files: list[tuple[str, Path]]) -> list[Path]:
             tmp.unlink(missing_ok=True)
 
 
-def _fetch(client: Any, file_id: str, fh: IO[bytes]) -> bool:
-    """Stream a file's content into ``fh``; whether it is Parquet."""
+def _fetch(client: Any, file_id: str | Merged, fh: IO[bytes]) -> bool:
+    """Stream a file's content (or a batch's merged results) into ``fh``; whether it is
+    Parquet."""
+    import httpx2
+
     from storage.parquet import is_parquet
 
     head = b""
-    with client.files.with_streaming_response.content(file_id) as resp:
+    with (contextlib.closing(client.get(f"/batches/{file_id.batch_id}/merged_output",
+                                        cast_to=httpx2.Response, stream=True))
+          if isinstance(file_id, Merged)
+          else client.files.with_streaming_response.content(file_id)) as resp:
         chunks = resp.iter_bytes()
         while True:
             try:
                 chunk = next(chunks, None)
             except Exception as e:  # the HTTP client's transport errors: the stream broke
-                raise click.ClickException(f"the download of {file_id} broke off ({e}); "
+                what = (f"the merged results of {file_id.batch_id}"
+                        if isinstance(file_id, Merged) else file_id)
+                raise click.ClickException(f"the download of {what} broke off ({e}); "
                                            "nothing was written: try again") from None
             if chunk is None:
                 break

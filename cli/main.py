@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli import admin, batches, capacity, state, top
+from cli import admin, batches, capacity, reruns, state, top
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
@@ -512,6 +512,7 @@ main.add_command(admin.usage)
 main.add_command(batches.submit)
 main.add_command(batches.status)
 main.add_command(batches.results)
+main.add_command(reruns.retry)
 main.add_command(capacity.capacity)
 main.add_command(top.top)
 

@@ -238,6 +238,8 @@ class Batch(Base):
     callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
     # Its output and error files' expires_at: their created_at plus these seconds.
     output_expires_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # inferq extension: the batch this one reruns the failed requests of (jobs/batches/retry.py).
+    parent_batch_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     # Its usage is not kept here: it is its shards', summed on read (repository.shard_sums).
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -252,6 +254,8 @@ class Batch(Base):
     __table_args__ = (
         Index("ix_batches_tenant_id_id", "tenant_id", "id"),
         Index("ix_batches_status", "status"),
+        Index("ix_batches_parent_batch_id", "parent_batch_id",
+              postgresql_where="parent_batch_id IS NOT NULL"),
     )
 
 

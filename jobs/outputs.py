@@ -137,6 +137,24 @@ GENERATION_SCHEMA = pa.schema(_COMMON_HEAD + [
 ] + _COMMON_TAIL)
 
 
+def _error(line: dict[str, Any]) -> Any:
+    """The error of a line: of a request that never ran, or the body of a non-200
+    response."""
+    resp, err = line.get("response"), line.get("error")
+    if isinstance(resp, dict) and resp.get("status_code") != 200:
+        sent = resp.get("body")
+        if isinstance(sent, dict):
+            err = sent.get("error")
+    return err
+
+
+def error_code(line: dict[str, Any]) -> str | None:
+    """The error code of an output line (None for a success)."""
+    err = _error(line)
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def parquet_schema(endpoint: str) -> pa.Schema:
     return EMBEDDINGS_SCHEMA if endpoint == EMBEDDINGS else GENERATION_SCHEMA
 
@@ -147,12 +165,9 @@ def parquet_row(endpoint: str, line: dict[str, Any]) -> dict[str, Any]:
     schema = parquet_schema(endpoint)
     row: dict[str, Any] = dict.fromkeys(schema.names)
     row["custom_id"] = line.get("custom_id")
-    resp, err = line.get("response"), line.get("error")
+    resp, err = line.get("response"), _error(line)
     if isinstance(resp, dict):
         row["status_code"] = resp.get("status_code")
-        sent = resp.get("body")
-        if resp.get("status_code") != 200 and isinstance(sent, dict):
-            err = sent.get("error")
     body = _ok_body(line)
     if body is not None:
         tokens = line_tokens(line)

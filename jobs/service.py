@@ -198,7 +198,7 @@ def open_file_content(ctx: Context, tenant_id: str, file_id: str) -> tuple[File,
 
 
 def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
-                 api_key_id: str | None = None) -> Batch:
+                 api_key_id: str | None = None, parent_batch_id: str | None = None) -> Batch:
     """Store the batch (with the key that created it: its usage is billed to it) and
     ask for its validation. A ``callback_url`` (inferq extension) also receives its
     terminal event."""
@@ -232,7 +232,8 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                   callback_url=req.callback_url, created_at=created,
                   expires_at=created + WINDOW_SECONDS[req.completion_window],
                   output_expires_after=(req.output_expires_after.seconds
-                                        if req.output_expires_after else None))
+                                        if req.output_expires_after else None),
+                  parent_batch_id=parent_batch_id)
         s.add(b)
     ctx.dispatcher.validate(b.id)
     return b

@@ -1,0 +1,217 @@
+"""Reruns of what failed, and a batch's merged results.
+
+A batch that has ended can be rerun for its failed requests (``POST
+/v1/batches/{id}/retry``): a child batch, linked by ``parent_batch_id``, of the
+requests whose latest result is an error — the batch's own result, or that of the
+rerun of it that ended last — optionally only those whose error code is one of
+``error_codes``. The requests are read back from the batch's shards as they were
+validated (its defaults applied), written as the child's input file (JSONL,
+``<batch>_retry.jsonl``), and the child is an ordinary batch from then on: the same
+endpoint, tier, metadata, callback and output expiry. A request refused at
+validation is in no shard and is not rerun (the same body would be refused again).
+
+Its merged results (``GET /v1/batches/{id}/merged_output``) hold each custom_id of
+the batch once, with its latest result: the batch's own output and error lines,
+each replaced by the line of a rerun that ended later, reruns of reruns included.
+Reruns that have not ended do not count yet. A batch with a Parquet input gets
+Parquet (the reruns' lines as its rows), any other JSONL.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from jobs import outputs, service
+from jobs import repository as repo
+from jobs.context import Context
+from jobs.errors import Conflict, InvalidRequest, NotFound
+from jobs.models import Batch, File, Shard
+from jobs.requests import BatchCreate, ExpiresAfter
+from jobs.status import TERMINAL
+from storage.objects import CHUNK
+from storage.parquet import read_rows, write_rows
+
+SPOOL_BYTES = 8 * 1024**2  # a child's input beyond this spills to disk
+
+
+class BatchRetry(BaseModel):
+    """The body of ``POST /v1/batches/{id}/retry`` (may be left out)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    error_codes: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, min_length=1, max_length=100,
+        description="rerun only the requests whose error has one of these codes")
+
+
+def retry(ctx: Context, tenant_id: str, batch_id: str, error_codes: list[str] | None = None,
+          api_key_id: str | None = None) -> Batch:
+    """The child batch of ``batch_id``'s failed requests (see the module)."""
+    with ctx.db.session() as s:
+        parent, chain = _ended_chain(s, tenant_id, batch_id)
+        shards = repo.shards_of(s, batch_id)
+        s.expunge_all()
+    codes = set(error_codes) if error_codes is not None else None
+    wanted = {cid for cid, code in _latest_errors(ctx, chain) if codes is None or code in codes}
+    if not wanted:
+        raise InvalidRequest(f"batch {batch_id} has no failed request to rerun"
+                             + (f" with error code {', '.join(sorted(codes))}" if codes else ""),
+                             param="error_codes" if codes else None, code="nothing_to_retry")
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
+        found = _write_requests(ctx, parent, shards, wanted, spool)
+        if not found:
+            raise InvalidRequest(
+                f"the {len(wanted)} failed requests of batch {batch_id} were all refused at "
+                "validation: their bodies must be fixed and submitted in a new batch",
+                code="nothing_to_retry")
+        spool.seek(0)
+        f = service.create_file(ctx, tenant_id, f"{batch_id}_retry.jsonl", "batch", spool)
+    expiry = (ExpiresAfter(anchor="created_at", seconds=parent.output_expires_after)
+              if parent.output_expires_after else None)
+    req = BatchCreate(input_file_id=f.id, endpoint=parent.endpoint,
+                      completion_window=parent.completion_window,  # type: ignore[arg-type]
+                      metadata=parent.metadata_,
+                      service_tier=parent.service_tier,  # type: ignore[arg-type]
+                      callback_url=parent.callback_url, output_expires_after=expiry)
+    return service.create_batch(ctx, tenant_id, req, api_key_id, parent_batch_id=batch_id)
+
+
+def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Iterator[bytes]]:
+    """The format (``jsonl`` | ``parquet``) and the blocks of ``batch_id``'s merged
+    results (see the module)."""
+    with ctx.db.session() as s:
+        parent, chain = _ended_chain(s, tenant_id, batch_id, running_ok=True)
+        f = s.get(File, parent.input_file_id)
+        parquet = f is not None and f.format == "parquet"
+        s.expunge_all()
+    for b in chain:  # every file is there before a byte is sent
+        for file_id in (b.output_file_id, b.error_file_id):
+            _file(ctx, b, file_id)
+    items = _merged(ctx, chain)
+    if not parquet:
+        return "jsonl", (outputs.dumps(line) + b"\n" for _, line in items)
+    return "parquet", _parquet(parent.endpoint, items)
+
+
+def _ended_chain(s: Session, tenant_id: str, batch_id: str, running_ok: bool = False
+                 ) -> tuple[Batch, list[Batch]]:
+    """The batch and its reruns that have ended (reruns of reruns too), oldest first.
+    409 while the batch has not ended, or (unless ``running_ok``: they are left out) a
+    rerun of it has not."""
+    parent = repo.get_batch(s, tenant_id, batch_id)
+    if parent is None:
+        raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+    if parent.status not in TERMINAL:
+        raise Conflict(f"batch {batch_id} is {parent.status}: it can be rerun, and its "
+                       "results merged, once it has ended", code="batch_not_ended")
+    found: list[Batch] = []
+    frontier = [batch_id]
+    while frontier:
+        children = list(s.scalars(select(Batch).where(Batch.parent_batch_id.in_(frontier))))
+        found += children
+        frontier = [c.id for c in children]
+    running = [c.id for c in found if c.status not in TERMINAL]
+    if running and not running_ok:
+        raise Conflict(f"batch {running[0]}, a rerun of {batch_id}, has not ended: wait for "
+                       "it (or cancel it) before rerunning again", code="retry_running")
+    return parent, [parent, *sorted((c for c in found if c.status in TERMINAL),
+                                    key=lambda c: c.id)]
+
+
+def _file(ctx: Context, b: Batch, file_id: str | None) -> File | None:
+    if file_id is None:
+        return None
+    with ctx.db.session() as s:
+        f = repo.get_file(s, b.tenant_id, file_id)
+    if f is None:
+        raise Conflict(f"the results of batch {b.id} are gone (its file {file_id} expired or "
+                       "was deleted)", code="results_expired")
+    return f
+
+
+def _results(ctx: Context, b: Batch, file_id: str | None) -> Iterator[tuple[str, Any]]:
+    """(custom_id, line or Parquet row) of one of a batch's result files."""
+    f = _file(ctx, b, file_id)
+    if f is None:
+        return
+    if f.format == "parquet":
+        with ctx.store.open(f.object_key) as fh:
+            rows = read_rows(io.BytesIO(fh.read()))
+        for row in rows:
+            yield str(row["custom_id"]), row
+        return
+    for line in outputs.iter_lines(ctx.store.iter_chunks(f.object_key, CHUNK)):
+        yield str(line.get("custom_id")), line
+
+
+def _code(item: dict[str, Any]) -> str | None:
+    """The error code of an error line or row."""
+    if "response" not in item:  # a Parquet row
+        code = item.get("error_code")
+        return code if isinstance(code, str) else None
+    return outputs.error_code(item)
+
+
+def _overrides(ctx: Context, chain: list[Batch]) -> list[set[str]]:
+    """For each batch of the chain, the custom_ids a later one has a result for."""
+    later: list[set[str]] = [set() for _ in chain]
+    seen: set[str] = set()
+    for i in range(len(chain) - 1, -1, -1):
+        later[i] = set(seen)
+        if i:  # the first (the batch itself) overrides nothing
+            b = chain[i]
+            for file_id in (b.output_file_id, b.error_file_id):
+                seen.update(cid for cid, _ in _results(ctx, b, file_id))
+    return later
+
+
+def _latest_errors(ctx: Context, chain: list[Batch]) -> Iterator[tuple[str, str | None]]:
+    """(custom_id, error code) of each request whose latest result is an error."""
+    for b, later in zip(chain, _overrides(ctx, chain), strict=True):
+        for cid, item in _results(ctx, b, b.error_file_id):
+            if cid not in later:
+                yield cid, _code(item)
+
+
+def _merged(ctx: Context, chain: list[Batch]) -> Iterator[tuple[str, Any]]:
+    for b, later in zip(chain, _overrides(ctx, chain), strict=True):
+        for file_id in (b.output_file_id, b.error_file_id):
+            for cid, item in _results(ctx, b, file_id):
+                if cid not in later:
+                    yield cid, item
+
+
+def _write_requests(ctx: Context, parent: Batch, shards: list[Shard], wanted: set[str],
+                    out: IO[bytes]) -> int:
+    """The wanted requests of the batch's shards as batch input lines; how many."""
+    n = 0
+    for sh in shards:
+        with ctx.store.open(sh.object_key) as fh:
+            rows = read_rows(io.BytesIO(fh.read()))
+        for row in rows:
+            if row["custom_id"] in wanted:
+                out.write(orjson.dumps({"custom_id": row["custom_id"], "method": "POST",
+                                        "url": parent.endpoint,
+                                        "body": orjson.Fragment(row["body"])}) + b"\n")
+                n += 1
+    return n
+
+
+def _parquet(endpoint: str, items: Iterator[tuple[str, Any]]) -> Iterator[bytes]:
+    schema = outputs.parquet_schema(endpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "merged.parquet"
+        write_rows(path, schema, (outputs.parquet_row(endpoint, item) if "response" in item
+                                  else item for _, item in items))
+        with path.open("rb") as fh:
+            while block := fh.read(CHUNK):
+                yield block
