@@ -44,7 +44,7 @@ STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
 	test_metrics.py test_tracing.py test_admission.py test_simulated_fleet.py \
 	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py \
-	test_e2e_structured.py test_e2e_tools.py)
+	test_e2e_structured.py test_e2e_tools.py test_notebook_client.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 # Each process's temporary files in a folder of this run's (kept when a test failed):

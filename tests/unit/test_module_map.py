@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "cli", "jobs", "storage", "workers")
+PACKAGES = ("api", "cli", "inferq", "jobs", "storage", "workers")
 MODULE = re.compile(r"(?<![\w/.])(\w+\.py)\b")
 
 

@@ -1,0 +1,1 @@
+"""inferq's Python client: ``inferq.client`` (batches from pandas, polars or pyarrow)."""

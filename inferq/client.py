@@ -1,0 +1,228 @@
+"""Batches from a notebook: a data frame in, the same frame with result columns out.
+
+    from inferq import client as iq
+
+    vectors = iq.embed(df, column="text", model="all-MiniLM-L6-v2")
+    labels = iq.chat(df, template="Classify this review: {title}\\n{body}",
+                     model="SmolLM2-135M-Instruct", max_tokens=8)
+
+``df`` is a pandas or polars DataFrame or a pyarrow Table; what comes back is of the
+same kind: the input's rows, in their order, with the result columns added —
+``embedding`` (embeddings), ``content`` and ``finish_reason`` (chat), and ``error``
+(the error code of a request that failed, else null). The rows go to the service as
+one Parquet batch input (``custom_id`` is the row's position, or ``id_column``'s
+value), the progress is shown while the batch runs (rich: a terminal or Jupyter), and
+the output and error files are read back and joined to the rows.
+
+A restarted kernel loses nothing: running the same cell again sends the same
+Idempotency-Key (a digest of the rows and the parameters), so the service answers
+with the batch already made, running or ended, and the cell waits for it instead of
+submitting again. ``submit`` returns a :class:`Run` at once; ``attach(batch_id)`` finds
+a batch again by its id.
+
+It speaks only the public HTTP API, through the ``openai`` SDK: the API's URL and
+key are the arguments, else ``INFERQ_API_URL`` and ``INFERQ_API_KEY``, else the
+``inferq up`` of this machine's data dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+EMBEDDINGS, CHAT = "/v1/embeddings", "/v1/chat/completions"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+RESULT_COLUMNS = {EMBEDDINGS: ("embedding",), CHAT: ("content", "finish_reason")}
+
+
+class BatchFailed(RuntimeError):
+    """The batch ended without results for its rows (failed, expired or cancelled with
+    nothing done); its id and errors are in the message."""
+
+
+def connect(api_url: str | None = None, api_key: str | None = None) -> Any:
+    """An ``openai.OpenAI`` for the API: the arguments, else ``INFERQ_API_URL`` and
+    ``INFERQ_API_KEY``, else the ``inferq up`` of this machine's data dir."""
+    from openai import OpenAI
+
+    url = api_url or os.environ.get("INFERQ_API_URL")
+    key = api_key or os.environ.get("INFERQ_API_KEY")
+    if url is None or key is None:
+        from cli.client import api_url as local_url
+        from cli.client import connect as local
+        from jobs.settings import Settings
+
+        settings = Settings.from_env()
+        if key is None:
+            return local(settings, url, None)
+        url = local_url(settings, url)
+    return OpenAI(base_url=url, api_key=key, max_retries=2)
+
+
+def embed(data: Any, column: str, model: str, *, dimensions: int | None = None,
+          id_column: str | None = None, client: Any = None, progress: bool = True,
+          service_tier: str = "default", poll_s: float = 1.0) -> Any:
+    """``data`` with an ``embedding`` column: the embedding of each row's ``column``."""
+    texts = _table(data).column(column)
+    body: dict[str, Any] = {"model": model}
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    run = submit(data, EMBEDDINGS, {"input": texts}, body, id_column=id_column,
+                 client=client, service_tier=service_tier)
+    return run.result(data, progress=progress, poll_s=poll_s)
+
+
+def chat(data: Any, model: str, *, template: str | None = None, column: str | None = None,
+         system: str | None = None, response_format: dict[str, Any] | None = None,
+         max_tokens: int | None = None, temperature: float | None = None,
+         id_column: str | None = None, client: Any = None, progress: bool = True,
+         service_tier: str = "default", poll_s: float = 1.0, **params: Any) -> Any:
+    """``data`` with ``content`` and ``finish_reason`` columns: the answer to each row's
+    prompt — ``template`` filled with the row's columns (``str.format`` fields), or
+    the text of ``column`` — after ``system``, if given. ``response_format``,
+    ``max_tokens``, ``temperature`` and any other chat parameter apply to every row."""
+    if (template is None) == (column is None):
+        raise ValueError("give one of template= (filled with each row's columns) or "
+                         "column= (the prompt's column)")
+    table = _table(data)
+    prompts = (table.column(column).to_pylist() if column is not None
+               else [template.format_map(row) for row in table.to_pylist()])  # type: ignore[union-attr]
+    head = [{"role": "system", "content": system}] if system is not None else []
+    messages = [[*head, {"role": "user", "content": p}] for p in prompts]
+    body = {"model": model, **params, **{k: v for k, v in (
+        ("response_format", response_format), ("max_tokens", max_tokens),
+        ("temperature", temperature)) if v is not None}}
+    run = submit(data, CHAT, {"messages": pa.array([json.dumps(m) for m in messages])}, body,
+                 id_column=id_column, client=client, service_tier=service_tier)
+    return run.result(data, progress=progress, poll_s=poll_s)
+
+
+def submit(data: Any, endpoint: str, columns: dict[str, Any], body: dict[str, Any], *,
+           id_column: str | None = None, client: Any = None,
+           service_tier: str = "default") -> Run:
+    """Send the rows as one batch: ``columns`` (the endpoint's input column, one value
+    per row) and ``body`` (the parameters of every request). Submitting the same rows
+    and parameters again answers the same batch (its Idempotency-Key is their digest)."""
+    client = client or connect()
+    table = _table(data)
+    ids = (pa.array([str(v) for v in table.column(id_column).to_pylist()])
+           if id_column is not None else pa.array([str(i) for i in range(table.num_rows)]))
+    if id_column is not None and len(set(ids.to_pylist())) != len(ids):
+        raise ValueError(f"the values of {id_column!r} must be distinct: they identify the rows")
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"custom_id": ids, **columns}), buf, compression="zstd")
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload)
+    digest.update(json.dumps([endpoint, body, service_tier], sort_keys=True).encode())
+    key = f"inferq-client-{digest.hexdigest()[:48]}"
+    f = client.files.create(file=("rows.parquet", payload), purpose="batch",
+                            extra_headers={"Idempotency-Key": key + ":file"})
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
+                              metadata={"source": "inferq.client"},
+                              extra_body={"body": body, "service_tier": service_tier},
+                              extra_headers={"Idempotency-Key": key})
+    return Run(b.id, endpoint, client, id_column)
+
+
+def attach(batch_id: str, *, id_column: str | None = None, client: Any = None) -> Run:
+    """The batch ``batch_id`` (made by ``submit``, ``embed`` or ``chat``) again."""
+    client = client or connect()
+    b = client.batches.retrieve(batch_id)
+    return Run(b.id, b.endpoint, client, id_column)
+
+
+@dataclass
+class Run:
+    """A submitted batch: ``wait`` for it, then ``result`` joins its results to the rows."""
+
+    batch_id: str
+    endpoint: str
+    client: Any
+    id_column: str | None = None
+
+    def wait(self, progress: bool = True, poll_s: float = 1.0) -> Any:
+        """Poll the batch until it ends (a progress bar while ``progress``); the batch."""
+        if not progress:
+            while (b := self.client.batches.retrieve(self.batch_id)).status not in TERMINAL:
+                time.sleep(poll_s)
+            return b
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+            task = bar.add_task(self.batch_id, total=None)
+            while True:
+                b = self.client.batches.retrieve(self.batch_id)
+                rc = b.request_counts
+                bar.update(task, total=(rc.total or None) if rc else None,
+                           completed=(rc.completed + rc.failed) if rc else 0,
+                           description=f"{self.batch_id} {b.status}")
+                if b.status in TERMINAL:
+                    return b
+                time.sleep(poll_s)
+
+    def result(self, data: Any, progress: bool = True, poll_s: float = 1.0) -> Any:
+        """``data`` (the rows submitted) with the result columns, once the batch ended."""
+        b = self.wait(progress, poll_s)
+        if b.output_file_id is None and b.error_file_id is None:
+            errors = "; ".join(e.message or "" for e in (b.errors.data or [])) if b.errors else ""
+            raise BatchFailed(f"batch {b.id} ended {b.status} with no results"
+                              + (f": {errors}" if errors else ""))
+        table = _table(data)
+        found: dict[str, dict[str, Any]] = {}
+        for file_id in (b.error_file_id, b.output_file_id):  # a result over an error
+            if file_id is not None:
+                rows = pq.read_table(io.BytesIO(self.client.files.content(file_id).content))
+                for row in rows.to_pylist():
+                    found[row["custom_id"]] = row
+        ids = ([str(v) for v in table.column(self.id_column).to_pylist()]
+               if self.id_column is not None else [str(i) for i in range(table.num_rows)])
+        got = [found.get(i, {}) for i in ids]
+        for name in RESULT_COLUMNS[self.endpoint]:
+            table = table.append_column(name, pa.array([r.get(name) for r in got]))
+        table = table.append_column("error", pa.array(
+            [r.get("error_code") or (None if r else "no_result") for r in got],
+            type=pa.string()))
+        return _like(data, table)
+
+
+def _table(data: Any) -> pa.Table:
+    """A pandas or polars DataFrame, or a pyarrow Table, as a pyarrow Table."""
+    if isinstance(data, pa.Table):
+        return data
+    kind = type(data).__module__.split(".")[0]
+    if kind == "polars":
+        return data.to_arrow()
+    if kind == "pandas":
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise TypeError(f"expected a pandas or polars DataFrame or a pyarrow Table, got "
+                    f"{type(data).__name__}")
+
+
+def _like(data: Any, table: pa.Table) -> Any:
+    """``table`` as the kind of frame ``data`` is (its index kept for pandas)."""
+    kind = type(data).__module__.split(".")[0]
+    if kind == "polars":
+        import polars as pl
+
+        return pl.from_arrow(table)
+    if kind == "pandas":
+        out = table.to_pandas()
+        out.index = data.index
+        return out
+    return table
