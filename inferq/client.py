@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 EMBEDDINGS, CHAT = "/v1/embeddings", "/v1/chat/completions"
@@ -184,20 +185,20 @@ class Run:
             raise BatchFailed(f"batch {b.id} ended {b.status} with no results"
                               + (f": {errors}" if errors else ""))
         table = _table(data)
-        found: dict[str, dict[str, Any]] = {}
-        for file_id in (b.error_file_id, b.output_file_id):  # a result over an error
-            if file_id is not None:
-                rows = pq.read_table(io.BytesIO(self.client.files.content(file_id).content))
-                for row in rows.to_pylist():
-                    found[row["custom_id"]] = row
-        ids = ([str(v) for v in table.column(self.id_column).to_pylist()]
-               if self.id_column is not None else [str(i) for i in range(table.num_rows)])
-        got = [found.get(i, {}) for i in ids]
+        # The error file, then the output file: a row's result comes after its error.
+        results = pa.concat_tables(
+            [pq.read_table(io.BytesIO(self.client.files.content(file_id).content))
+             for file_id in (b.error_file_id, b.output_file_id) if file_id is not None],
+            promote_options="permissive")
+        where = {cid: i for i, cid in enumerate(results.column("custom_id").to_pylist())}
+        ids = (table.column(self.id_column).to_pylist() if self.id_column is not None
+               else range(table.num_rows))
+        taken = results.take(pa.array([where.get(str(i)) for i in ids], type=pa.int64()))
         for name in RESULT_COLUMNS[self.endpoint]:
-            table = table.append_column(name, pa.array([r.get(name) for r in got]))
-        table = table.append_column("error", pa.array(
-            [r.get("error_code") or (None if r else "no_result") for r in got],
-            type=pa.string()))
+            table = table.append_column(name, taken.column(name))
+        missing = pc.is_null(taken.column("custom_id"))  # no line at all: never answered
+        table = table.append_column("error", pc.if_else(
+            missing, pa.scalar("no_result"), taken.column("error_code").cast(pa.string())))
         return _like(data, table)
 
 
