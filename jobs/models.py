@@ -417,6 +417,8 @@ class IdempotencyKey(Base):
     response_body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
+    __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)
+
 
 # Webhooks (jobs/webhooks.py, jobs/deliveries.py) ---------------------------------------
 

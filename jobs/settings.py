@@ -261,9 +261,11 @@ class Settings(BaseSettings):
 
     # Retention (jobs/batches/retention.py, the janitor's): webhook events are deleted
     # with their deliveries and attempts this long after the event, once none of its
-    # deliveries is pending; usage records this long after they were written (0: kept).
+    # deliveries is pending; usage records this long after they were written (0: kept);
+    # Idempotency-Keys (and the answers they replay) this long after their first use.
     webhook_retention_days: float = Field(default=30.0, gt=0)
     usage_retention_days: float = Field(default=0.0, ge=0)
+    idempotency_retention_days: float = Field(default=7.0, gt=0)
 
     # Tracing and logs (jobs/tracing.py, jobs/logs.py). OpenTelemetry spans from the API's
     # request through the queues to the worker's engine steps. otel_exporter: none (off:

@@ -11,6 +11,9 @@
   pending (a delivery is retried for ``INFERQ_WEBHOOK_RETRY_PERIOD_S`` at most).
 - **Usage records** are deleted ``INFERQ_USAGE_RETENTION_DAYS`` after they were
   written (0, the default: kept; the usage and costs routes read them).
+- **Idempotency-Keys**, with the answers they replay, are deleted
+  ``INFERQ_IDEMPOTENCY_RETENTION_DAYS`` (7) after their first use: the same key sent
+  later makes a new object.
 Each pass deletes at most ``limit`` of each, oldest first, so a sweep stays short.
 """
 
@@ -22,7 +25,15 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, exists, select
 
 from jobs.context import Context
-from jobs.models import Batch, File, UsageRecord, WebhookDelivery, WebhookEvent, now
+from jobs.models import (
+    Batch,
+    File,
+    IdempotencyKey,
+    UsageRecord,
+    WebhookDelivery,
+    WebhookEvent,
+    now,
+)
 from jobs.status import TERMINAL, DeliveryStatus
 
 DAY = 86400
@@ -33,6 +44,7 @@ class Pruned:
     files: list[str] = field(default_factory=list)  # expired files deleted
     events: int = 0  # webhook events deleted (with their deliveries and attempts)
     usage: int = 0  # usage records deleted
+    keys: int = 0  # Idempotency-Keys deleted
 
 
 def prune(ctx: Context, at: float | None = None, limit: int = 500) -> Pruned:
@@ -41,6 +53,7 @@ def prune(ctx: Context, at: float | None = None, limit: int = 500) -> Pruned:
     out.events = _old_events(ctx, t - ctx.settings.webhook_retention_days * DAY, limit)
     if ctx.settings.usage_retention_days > 0:
         out.usage = _old_usage(ctx, t - ctx.settings.usage_retention_days * DAY, limit)
+    out.keys = _old_keys(ctx, t - ctx.settings.idempotency_retention_days * DAY, limit)
     return out
 
 
@@ -80,3 +93,15 @@ def _old_usage(ctx: Context, before: float, limit: int) -> int:
         if ids:
             s.execute(delete(UsageRecord).where(UsageRecord.id.in_(ids)))
         return len(ids)
+
+
+def _old_keys(ctx: Context, before: float, limit: int) -> int:
+    with ctx.db.session() as s:
+        old = list(s.execute(select(IdempotencyKey.tenant_id, IdempotencyKey.key).where(
+            IdempotencyKey.created_at < before).order_by(IdempotencyKey.created_at)
+            .limit(limit)))
+        for tenant_id, key in old:
+            s.execute(delete(IdempotencyKey).where(IdempotencyKey.tenant_id == tenant_id,
+                                                   IdempotencyKey.key == key))
+        return len(old)
+

@@ -22,6 +22,7 @@ from jobs.context import Context
 from jobs.models import (
     Batch,
     File,
+    IdempotencyKey,
     UsageRecord,
     WebhookDelivery,
     WebhookEvent,
@@ -191,6 +192,23 @@ def test_old_webhook_events_and_usage_are_pruned(world: dict[str, Any], ctx: Con
         sources = set(s.scalars(select(UsageRecord.source).where(
             UsageRecord.source.like(f"rt:%:{t}"))))
     assert sources == {f"rt:new:{t}"}
+
+
+def test_old_idempotency_keys_are_forgotten(world: dict[str, Any], ctx: Context) -> None:  # noqa: F811
+    client = sdk(world)
+    data = jsonl([emb_line(0, "keyed", model=MODEL)])
+
+    def create() -> str:
+        return str(client.files.create(file=("k.jsonl", io.BytesIO(data)), purpose="batch",
+                                       extra_headers={"Idempotency-Key": "retention-k"}).id)
+
+    first = create()
+    assert create() == first  # replayed
+    with ctx.db.session() as s:  # eight days later
+        s.execute(update(IdempotencyKey).where(IdempotencyKey.key == "retention-k")
+                  .values(created_at=now() - 8 * DAY))
+    assert retention.prune(ctx).keys >= 1
+    assert create() != first  # forgotten: a new file
 
 
 def _tenant(ctx: Context) -> str:
