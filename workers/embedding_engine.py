@@ -97,7 +97,7 @@ class EmbeddingEngine:
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._stop = False
-        self._running = False  # a pass is running
+        self._running: int | None = None  # the priority of the pass running, if one is
         self._held = 0  # callers gathering the rows of one pass (``gathering``)
         self._thread = threading.Thread(target=self._loop, name="inferq-engine", daemon=True)
         self._thread.start()
@@ -117,10 +117,11 @@ class EmbeddingEngine:
                 return len(self._pending.get(priority, ()))
             return sum(len(v) for v in self._pending.values())
 
-    def idle(self) -> bool:
-        """Nothing running and nothing waiting: a row submitted now starts at once."""
+    def free_for(self, priority: int) -> bool:
+        """No row of ``priority`` waits and no pass of it runs: a row of that priority
+        submitted now runs in the next pass (work of lower priority waits for it)."""
         with self._cond:
-            return not self._running and not any(self._pending.values())
+            return self._running != priority and not self._pending.get(priority)
 
     @contextmanager
     def gathering(self) -> Iterator[None]:
@@ -163,13 +164,13 @@ class EmbeddingEngine:
                     self._fail_pending(RuntimeError("the engine stopped"))
                     return
                 nxt = self._next_batch()
-                self._running = nxt is not None
+                self._running = nxt[0] if nxt is not None else None
             if nxt is not None:
                 try:
                     self._run(*nxt)
                 finally:
                     with self._cond:
-                        self._running = False
+                        self._running = None
 
     def _fail_pending(self, err: Exception) -> None:
         for items in self._pending.values():

@@ -93,6 +93,9 @@ class UsageWriter:
         self.pool.shutdown(wait=True)
 
 
+BUSY_POLL_S = 0.05  # how soon a worker with a busy version looks again (a free one blocks)
+
+
 def _enqueued_at(msg: dict[str, Any]) -> float | None:
     """When the API pushed ``msg`` (wall clock), if it says."""
     at = msg.get("enqueued_at")
@@ -361,18 +364,21 @@ class RealtimeConsumer(threading.Thread):
                 + [realtime.queue_for(m) for m in self.models.names()]
                 + ([realtime.ANY] if self.on_demand else []))
 
-    def free_queues(self) -> list[str]:
-        """The queues it takes from now: those of versions whose engine could start a
-        request at once. A request for a busy version stays on the shared queue, for
-        whichever worker frees first (one queue, c servers: a worker that took it now
-        would make it wait out its current pass while another may be idle)."""
-        busy = self.models.busy_refs()
+    def free_queues(self) -> tuple[list[str], bool]:
+        """The queues it takes from now, and whether it left some out: those of
+        embedding versions whose engine runs or holds realtime work are left out. A
+        request for such a version stays on the shared queue, for whichever worker
+        frees first (one queue, c servers: a worker that took it now would make it wait
+        out its current realtime pass while another may be idle). Work of the other
+        lanes does not count: a realtime row overtakes it at the next pass."""
+        busy = self.models.busy_refs(REALTIME)
         if not busy:
-            return self.queues
+            return self.queues, False
         held = self.models.residents()
         names = {r.model.name for r in held} - {r.model.name for r in held if r.ref in busy}
         return ([realtime.queue_for(r.ref) for r in held if r.ref not in busy]
-                + [realtime.queue_for(n) for n in sorted(names)])
+                + [realtime.queue_for(n) for n in sorted(names)]
+                + ([realtime.ANY] if self.on_demand else [])), True
 
     def start(self) -> None:
         self.publisher.start()
@@ -399,34 +405,56 @@ class RealtimeConsumer(threading.Thread):
             if not self.queues and not self.on_demand:
                 time.sleep(0.2)
                 continue
-            queues = self.free_queues()
+            queues, some_busy = self.free_queues()
             if not queues:  # every engine busy: the requests wait on the shared queue
                 time.sleep(0.001)
                 continue
-            try:
-                got = self.r.brpop(queues, timeout=1)
-                if got is None or self.handed_back(got[0], got[1]):
-                    continue
-                more = self.fill(got[0])
+            try:  # while some version is busy, look again soon for when it frees
+                got = self.r.brpop(queues, timeout=BUSY_POLL_S if some_busy else 1)
             except redis.RedisError as e:
                 log.warning("realtime lane: %s; retrying", e)
                 time.sleep(1)
                 continue
+            if got is None or self.back(got[0], got[1]):
+                continue
+            name = got[0].decode() if isinstance(got[0], bytes) else got[0]
+            engines = self.models.embedding_queue_refs(name[len(realtime.queue_for("")):])
+            more = self.fill(name) if engines else []
             if not more:
                 self.take(got[1])
                 continue
-            with self.models.gathering():  # taken together: one pass
+            with self.models.gathering(engines):  # taken together: one pass
                 for raw in (got[1], *more):
                     self.take(raw)
 
-    def fill(self, queue: bytes | str) -> list[bytes | str]:
+    def back(self, queue: bytes | str, raw: bytes | str) -> bool:
+        """``handed_back``; a request it could not hand back (Redis failed) is taken
+        here: refused if this worker does not hold its model, never dropped."""
+        try:
+            return self.handed_back(queue, raw)
+        except redis.RedisError as e:
+            log.warning("realtime lane: could not hand a request back (%s); answering it", e)
+            return False
+
+    def fill(self, queue: str) -> list[bytes | str]:
         """The rest of a pass: up to ``max_pending - 1`` more requests already waiting
-        on the queue the first came from (none wait there while another worker is
-        free: a free worker blocked on the queue takes a request as it arrives)."""
-        name = queue.decode() if isinstance(queue, bytes) else queue
-        if self.max_pending <= 1 or name == realtime.ANY:
+        on the embeddings queue the first came from (none wait there while another
+        worker is free: a free worker blocked on the queue takes a request as it
+        arrives). Nothing if Redis fails: the first is served alone."""
+        if self.max_pending <= 1 or queue == realtime.ANY:
             return []
-        got = self.r.rpop(name, self.max_pending - 1)
+        n = self.max_pending - 1
+        try:
+            try:
+                got = self.r.rpop(queue, n)
+            except redis.ResponseError:  # a Redis before 6.2: no count
+                pipe = self.r.pipeline(transaction=False)
+                for _ in range(n):
+                    pipe.rpop(queue)
+                got = [x for x in pipe.execute() if x is not None]
+        except redis.RedisError as e:
+            log.warning("realtime lane: %s; serving the request alone", e)
+            return []
         return list(got) if isinstance(got, list) else []
 
     def handed_back(self, queue: bytes | str, raw: bytes | str) -> bool:

@@ -155,18 +155,26 @@ class Residency:
     def names(self) -> list[str]:
         return sorted({r.model.name for r in self.residents()})
 
-    def busy_refs(self) -> set[str]:
-        """The embedding versions whose engine is running a pass or has rows waiting:
-        a request taken for one of them now would wait behind that work."""
-        return {r.ref for r in self.residents() if r.engine is not None and not r.engine.idle()}
+    def busy_refs(self, priority: int) -> set[str]:
+        """The embedding versions whose engine is running a pass of ``priority`` or has
+        rows of it waiting: a request of that priority taken for one of them now would
+        wait behind that work (work of lower priority it overtakes at the next pass)."""
+        return {r.ref for r in self.residents()
+                if r.engine is not None and not r.engine.free_for(priority)}
 
-    def gathering(self) -> ExitStack:
-        """Hold every embedding engine's next pass until the block ends (rows taken
+    def embedding_queue_refs(self, name_or_ref: str) -> list[Resident]:
+        """The embedding versions a request on the queue of ``name_or_ref`` (a version,
+        or a name: any of its versions) is served by."""
+        return [r for r in self.residents() if r.engine is not None
+                and name_or_ref in (r.ref, r.model.name)]
+
+    def gathering(self, residents: list[Resident]) -> ExitStack:
+        """Hold these versions' engines' next pass until the block ends (rows taken
         together run in one pass)."""
         stack = ExitStack()
-        for r in self.residents():
-            if r.engine is not None:
-                stack.enter_context(r.engine.gathering())
+        for r in residents:
+            assert r.engine is not None
+            stack.enter_context(r.engine.gathering())
         return stack
 
     def pending(self, priority: int | None = None) -> int:

@@ -115,7 +115,7 @@ def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, m
     """While its engine runs or holds work, a worker pops nothing: the requests stay on
     the model's list for whichever worker frees first. Freed, it takes those waiting
     (up to a pass of rows) at once, and they run in one pass."""
-    from workers.embedding_engine import REALTIME
+    from workers.embedding_engine import BATCH, REALTIME
     from workers.realtime_lane import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)
@@ -140,6 +140,21 @@ def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, m
             assert got is not None and len(orjson.loads(got[1])["body"]["data"]) == 1
         assert client.llen(realtime.queue_for(MODEL)) == 0
         assert minilm_engine.stats.batches == batches + 2  # the held row, then the three
+        # Work of the batch lane does not keep realtime requests waiting: they overtake it.
+        with minilm_engine.gathering():
+            shard_rows = minilm_engine.submit([[101, 7592, 102]] * 4, BATCH)
+            time.sleep(1.5)
+            client.lpush(realtime.queue_for(MODEL), orjson.dumps(
+                {"id": "req_over", "kind": EMBEDDINGS, "deadline": time.time() + 30,
+                 "body": {"model": MODEL, "input": "overtakes"}}))
+            deadline = time.monotonic() + 10
+            while client.llen(realtime.queue_for(MODEL)):
+                assert time.monotonic() < deadline, "a batch row kept the request waiting"
+                time.sleep(0.05)
+        got = client.blpop([realtime.reply_key("req_over")], timeout=20)
+        assert got is not None and "body" in orjson.loads(got[1])
+        for f in shard_rows:
+            f.result(timeout=20)
     finally:
         lane.stop()
         client.close()

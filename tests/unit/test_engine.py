@@ -259,19 +259,23 @@ def test_stop_while_idle_is_prompt() -> None:
     assert not engine._thread.is_alive()
 
 
-def test_idle_is_false_while_a_pass_runs_and_rows_wait(engines: list[EmbeddingEngine]) -> None:
+def test_free_for_a_priority_while_only_other_work_runs(engines: list[EmbeddingEngine]) -> None:
     gate = threading.Event()
     model = FakeModel(gate)
     engine = make(engines, model, max_tokens=256, max_rows=1, min_fill=0.0)
-    assert engine.idle()
+    assert engine.free_for(REALTIME)
     first = engine.submit([row(1, 3)], REALTIME)
     assert model.entered.wait(TIMEOUT)
-    assert not engine.idle()  # running, nothing waiting
+    assert not engine.free_for(REALTIME)  # its pass runs
+    assert engine.free_for(BATCH)
+    waiting = engine.submit([row(2, 3)], BATCH)
+    assert not engine.free_for(BATCH)  # a batch row waits
     gate.set()
     first[0].result(timeout=TIMEOUT)
+    waiting[0].result(timeout=TIMEOUT)
     deadline = time.monotonic() + TIMEOUT
-    while not engine.idle():
-        assert time.monotonic() < deadline, "the engine never became idle"
+    while not (engine.free_for(REALTIME) and engine.free_for(BATCH)):
+        assert time.monotonic() < deadline, "the engine never became free"
         time.sleep(0.01)
 
 
