@@ -499,6 +499,7 @@ class WebhookDelivery(Base):
         Index("ix_webhook_deliveries_due", "next_attempt_at",
               postgresql_where="status = 'pending'"),
         Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
+        Index("ix_webhook_deliveries_event_id", "event_id"),  # an event's, as it is pruned
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from jobs import repository as repo
 from jobs.context import Context
-from jobs.errors import InvalidRequest, NotFound
+from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.finalize import committed_parts
 from jobs.models import Batch
 from jobs.status import TERMINAL
@@ -89,7 +89,11 @@ def partial_output(ctx: Context, tenant_id: str, batch_id: str, partial: str | N
         if b is None:
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
         complete = b.status in TERMINAL
+        gone = repo.results_gone(s, b) if complete else None
         shards = repo.shards_of(s, batch_id)  # one snapshot: counts and attempts together
+    if gone is not None:
+        raise Conflict(f"the results of batch {batch_id} are gone (its file {gone} expired "
+                       "or was deleted)", code="results_expired")
     if (partial or "").lower() != "true":
         raise InvalidRequest("partial: must be true: this route serves the lines committed "
                              "so far; the final output is the file named by the batch's "

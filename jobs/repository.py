@@ -64,6 +64,15 @@ def get_file(s: Session, tenant_id: str, file_id: str, lock: bool = False) -> Fi
     return s.scalar(q.with_for_update() if lock else q)
 
 
+def results_gone(s: Session, b: Batch) -> str | None:
+    """The id of an output or error file of ``b`` that has expired or was deleted (its
+    results, and the parts they were made of, are gone), if one has."""
+    for file_id in (b.output_file_id, b.error_file_id):
+        if file_id is not None and get_file(s, b.tenant_id, file_id) is None:
+            return file_id
+    return None
+
+
 def get_batch(s: Session, tenant_id: str | None, batch_id: str, lock: bool = False) -> Batch | None:
     q = select(Batch).where(Batch.id == batch_id)
     if tenant_id is not None:

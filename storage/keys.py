@@ -18,8 +18,18 @@ def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}/"
 
 
+def batch_shards(batch_id: str) -> str:
+    """The prefix of a batch's shards (its requests, as validated)."""
+    return f"batches/{batch_id}/shards/"
+
+
+def batch_parts(batch_id: str) -> str:
+    """The prefix of a batch's committed output and error parts."""
+    return f"batches/{batch_id}/parts/"
+
+
 def shard_input(batch_id: str, index: int) -> str:
-    return f"batches/{batch_id}/shards/{index:06d}.parquet"
+    return f"{batch_shards(batch_id)}{index:06d}.parquet"
 
 
 def validation_errors(batch_id: str) -> str:

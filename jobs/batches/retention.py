@@ -5,7 +5,10 @@
   at their ``created_at``) are gone at once: every route answers them as deleted
   (``repository.file_exists``). The janitor then deletes their objects from the
   object store and marks their rows deleted — a batch's input only once every batch
-  reading it has ended, as ``DELETE /v1/files/{id}`` waits for them.
+  reading it has ended, as ``DELETE /v1/files/{id}`` waits for them — with what was
+  derived from them: a batch's output parts with its output and error files (its
+  partial output answers ``results_expired`` from then on), an ended batch's shards
+  with its input.
 - **Webhook events**, with their deliveries and attempts, are deleted
   ``INFERQ_WEBHOOK_RETENTION_DAYS`` after the event once none of its deliveries is
   pending (a delivery is retried for ``INFERQ_WEBHOOK_RETRY_PERIOD_S`` at most).
@@ -35,6 +38,7 @@ from jobs.models import (
     now,
 )
 from jobs.status import TERMINAL, DeliveryStatus
+from storage import keys
 
 DAY = 86400
 
@@ -59,19 +63,28 @@ def prune(ctx: Context, at: float | None = None, limit: int = 500) -> Pruned:
 
 def expire_files(ctx: Context, at: int | None = None, limit: int = 500) -> list[str]:
     """Files past their expiry that no unfinished batch reads: objects deleted, rows
-    marked deleted. Their ids. A failed object delete rolls the pass back: the next
-    sweep tries again."""
+    marked deleted. Their ids. With a batch's output or error file go the parts they
+    were assembled from (the partial-output route reads those); with an ended batch's
+    input go its shards (a copy of it). A failed object delete rolls the pass back:
+    the next sweep tries again."""
     t = now() if at is None else at
     reading = exists().where(Batch.input_file_id == File.id, Batch.status.not_in(TERMINAL))
     with ctx.db.session() as s:
         files = list(s.scalars(
-            select(File).where(File.deleted.is_(False), File.expires_at.is_not(None),
+            select(File).where(~File.deleted, File.expires_at.is_not(None),
                                File.expires_at <= t, ~reading)
             .order_by(File.expires_at).limit(limit).with_for_update(skip_locked=True)))
+        ids = [f.id for f in files]
+        for batch_id in s.scalars(select(Batch.id).where(
+                Batch.output_file_id.in_(ids) | Batch.error_file_id.in_(ids))):
+            ctx.store.delete_prefix(keys.batch_parts(batch_id))
+        for batch_id in s.scalars(select(Batch.id).where(Batch.input_file_id.in_(ids))):
+            ctx.store.delete_prefix(keys.batch_shards(batch_id))
+            ctx.store.delete(keys.validation_errors(batch_id))
         for f in files:
             ctx.store.delete(f.object_key)
             f.deleted = True
-        return [f.id for f in files]
+        return ids
 
 
 def _old_events(ctx: Context, before: float, limit: int) -> int:

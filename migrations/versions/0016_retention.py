@@ -4,8 +4,8 @@ reruns.
 ``batches.output_expires_after``: seconds after their ``created_at`` at which the
 batch's output and error files expire (``output_expires_after`` of ``POST
 /v1/batches``); NULL for every existing batch (kept until deleted). Indexes of the
-files that will expire, and of webhook events and idempotency keys by age, for the
-janitor.
+files that will expire, of webhook events and idempotency keys by age, and of an
+event's deliveries (deleted with it), for the janitor.
 ``batches.parent_batch_id``: the batch whose failed requests this one reruns (NULL
 for every existing batch), indexed for the reruns of a batch.
 
@@ -32,6 +32,7 @@ def upgrade() -> None:
                     postgresql_where=sa.text("NOT deleted AND expires_at IS NOT NULL"))
     op.create_index("ix_webhook_events_created_at", "webhook_events", ["created_at"])
     op.create_index("ix_idempotency_keys_created_at", "idempotency_keys", ["created_at"])
+    op.create_index("ix_webhook_deliveries_event_id", "webhook_deliveries", ["event_id"])
     op.add_column("batches", sa.Column("parent_batch_id", sa.String(40), nullable=True))
     op.create_index("ix_batches_parent_batch_id", "batches", ["parent_batch_id"],
                     postgresql_where=sa.text("parent_batch_id IS NOT NULL"))
@@ -40,6 +41,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_batches_parent_batch_id", table_name="batches")
     op.drop_column("batches", "parent_batch_id")
+    op.drop_index("ix_webhook_deliveries_event_id", table_name="webhook_deliveries")
     op.drop_index("ix_idempotency_keys_created_at", table_name="idempotency_keys")
     op.drop_index("ix_webhook_events_created_at", table_name="webhook_events")
     op.drop_index("ix_files_expires_at", table_name="files")

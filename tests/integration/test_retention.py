@@ -11,6 +11,7 @@ import io
 import time
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
@@ -113,18 +114,27 @@ def test_output_expires_after_dates_the_batchs_output_files(client: OpenAI,
                               output_expires_after={"anchor": "created_at", "seconds": 7200})
     key = keys.file_object(new_id("file-"))
     ctx.store.put_stream(key, io.BytesIO(b'{"custom_id": "0"}\n'))
+    part = keys.output_part(b.id, 0, 0, "ok", 1)  # what the output was assembled from
+    ctx.store.put_stream(part, io.BytesIO(b'{"custom_id": "0"}\n'))
     with ctx.db.session() as s:
         batch = s.get(Batch, b.id)
         assert batch is not None and batch.output_expires_after == 7200
         out_id = finalize._output_file(s, batch, "output", "jsonl", (key, 19, 1))
+        batch.output_file_id, batch.status = out_id, "completed"
     assert out_id is not None
     out = client.files.retrieve(out_id)
     assert out.expires_at == out.created_at + 7200
+    partial = f"/batches/{b.id}/output"
+    assert client.get(partial, cast_to=httpx2.Response,
+                      options={"params": {"partial": "true"}}).status_code == 200
     expire_now(ctx, out_id)
     with pytest.raises(openai.NotFoundError):
         client.files.content(out_id)
+    with pytest.raises(openai.ConflictError) as e:  # nor read from its parts
+        client.get(partial, cast_to=httpx2.Response, options={"params": {"partial": "true"}})
+    assert error(e.value)["code"] == "results_expired"
     assert retention.expire_files(ctx) == [out_id]
-    assert not ctx.store.exists(key)
+    assert not ctx.store.exists(key) and not ctx.store.exists(part)
 
 
 @pytest.mark.parametrize("given", [
