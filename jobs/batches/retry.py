@@ -27,7 +27,7 @@ from typing import IO, Annotated, Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from jobs import outputs, service
@@ -37,7 +37,7 @@ from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import Batch, File, Shard
 from jobs.requests import BatchCreate, ExpiresAfter
 from jobs.status import TERMINAL
-from storage.objects import CHUNK
+from storage.objects import CHUNK, ObjectNotFound
 from storage.parquet import read_rows, write_rows
 
 SPOOL_BYTES = 8 * 1024**2  # a child's input beyond this spills to disk
@@ -55,11 +55,29 @@ class BatchRetry(BaseModel):
 
 def retry(ctx: Context, tenant_id: str, batch_id: str, error_codes: list[str] | None = None,
           api_key_id: str | None = None) -> Batch:
-    """The child batch of ``batch_id``'s failed requests (see the module)."""
-    with ctx.db.session() as s:
-        parent, chain = _ended_chain(s, tenant_id, batch_id)
-        shards = repo.shards_of(s, batch_id)
-        s.expunge_all()
+    """The child batch of ``batch_id``'s failed requests (see the module). Reruns in one
+    family (a batch, its reruns, theirs) are made one at a time: a second waits for the
+    first and is then refused while the first runs (``retry_running``)."""
+    with ctx.db.session() as lock:  # held until the child exists
+        root = _root(lock, tenant_id, batch_id)
+        lock.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                     {"k": f"inferq-retry:{root}"})
+        with ctx.db.session() as s:
+            running = [b.id for b in _descendants(s, root) if b.status not in TERMINAL]
+            if running:
+                raise Conflict(f"batch {running[0]}, a rerun in the family of {batch_id}, has "
+                               "not ended: wait for it (or cancel it) before rerunning again",
+                               code="retry_running")
+            parent, chain = _ended_chain(s, tenant_id, batch_id)
+            shards = repo.shards_of(s, batch_id)
+            s.expunge_all()
+        return _rerun(ctx, tenant_id, parent, chain, shards, error_codes, api_key_id)
+
+
+def _rerun(ctx: Context, tenant_id: str, parent: Batch, chain: list[Batch],
+           shards: list[Shard], error_codes: list[str] | None,
+           api_key_id: str | None) -> Batch:
+    batch_id = parent.id
     codes = set(error_codes) if error_codes is not None else None
     wanted = {cid for cid, code in _latest_errors(ctx, chain) if codes is None or code in codes}
     if not wanted:
@@ -82,14 +100,18 @@ def retry(ctx: Context, tenant_id: str, batch_id: str, error_codes: list[str] | 
                       metadata=parent.metadata_,
                       service_tier=parent.service_tier,  # type: ignore[arg-type]
                       callback_url=parent.callback_url, output_expires_after=expiry)
-    return service.create_batch(ctx, tenant_id, req, api_key_id, parent_batch_id=batch_id)
+    try:
+        return service.create_batch(ctx, tenant_id, req, api_key_id, parent_batch_id=batch_id)
+    except Exception:
+        service.delete_file(ctx, tenant_id, f.id)  # the input of no batch
+        raise
 
 
 def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Iterator[bytes]]:
     """The format (``jsonl`` | ``parquet``) and the blocks of ``batch_id``'s merged
     results (see the module)."""
     with ctx.db.session() as s:
-        parent, chain = _ended_chain(s, tenant_id, batch_id, running_ok=True)
+        parent, chain = _ended_chain(s, tenant_id, batch_id)
         f = s.get(File, parent.input_file_id)
         parquet = f is not None and f.format == "parquet"
         s.expunge_all()
@@ -102,29 +124,46 @@ def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Ite
     return "parquet", _parquet(parent.endpoint, items)
 
 
-def _ended_chain(s: Session, tenant_id: str, batch_id: str, running_ok: bool = False
-                 ) -> tuple[Batch, list[Batch]]:
-    """The batch and its reruns that have ended (reruns of reruns too), oldest first.
-    409 while the batch has not ended, or (unless ``running_ok``: they are left out) a
-    rerun of it has not."""
-    parent = repo.get_batch(s, tenant_id, batch_id)
-    if parent is None:
+def _root(s: Session, tenant_id: str, batch_id: str) -> str:
+    """The first batch of ``batch_id``'s family (the one the reruns started from)."""
+    b = repo.get_batch(s, tenant_id, batch_id)
+    if b is None:
         raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
-    if parent.status not in TERMINAL:
-        raise Conflict(f"batch {batch_id} is {parent.status}: it can be rerun, and its "
-                       "results merged, once it has ended", code="batch_not_ended")
+    while b.parent_batch_id is not None:
+        up = repo.get_batch(s, tenant_id, b.parent_batch_id)
+        if up is None:
+            break
+        b = up
+    return b.id
+
+
+def _descendants(s: Session, batch_id: str) -> list[Batch]:
+    """Its reruns, their reruns, and so on."""
     found: list[Batch] = []
     frontier = [batch_id]
     while frontier:
         children = list(s.scalars(select(Batch).where(Batch.parent_batch_id.in_(frontier))))
         found += children
         frontier = [c.id for c in children]
-    running = [c.id for c in found if c.status not in TERMINAL]
-    if running and not running_ok:
-        raise Conflict(f"batch {running[0]}, a rerun of {batch_id}, has not ended: wait for "
-                       "it (or cancel it) before rerunning again", code="retry_running")
-    return parent, [parent, *sorted((c for c in found if c.status in TERMINAL),
-                                    key=lambda c: c.id)]
+    return found
+
+
+def _ended_at(b: Batch) -> int:
+    return max(t or 0 for t in (b.completed_at, b.failed_at, b.cancelled_at, b.expired_at))
+
+
+def _ended_chain(s: Session, tenant_id: str, batch_id: str) -> tuple[Batch, list[Batch]]:
+    """The batch, then its reruns that have ended (reruns of reruns too) in the order
+    they ended: a later one's result replaces an earlier one's. 409 while the batch
+    itself has not ended."""
+    parent = repo.get_batch(s, tenant_id, batch_id)
+    if parent is None:
+        raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+    if parent.status not in TERMINAL:
+        raise Conflict(f"batch {batch_id} is {parent.status}: it can be rerun, and its "
+                       "results merged, once it has ended", code="batch_not_ended")
+    ended = [c for c in _descendants(s, batch_id) if c.status in TERMINAL]
+    return parent, [parent, *sorted(ended, key=lambda c: (_ended_at(c), c.id))]
 
 
 def _file(ctx: Context, b: Batch, file_id: str | None) -> File | None:
@@ -133,9 +172,13 @@ def _file(ctx: Context, b: Batch, file_id: str | None) -> File | None:
     with ctx.db.session() as s:
         f = repo.get_file(s, b.tenant_id, file_id)
     if f is None:
-        raise Conflict(f"the results of batch {b.id} are gone (its file {file_id} expired or "
-                       "was deleted)", code="results_expired")
+        raise _gone(b.id, file_id)
     return f
+
+
+def _gone(batch_id: str, file_id: str) -> Conflict:
+    return Conflict(f"the results of batch {batch_id} are gone (its file {file_id} expired "
+                    "or was deleted)", code="results_expired")
 
 
 def _results(ctx: Context, b: Batch, file_id: str | None) -> Iterator[tuple[str, Any]]:
@@ -195,8 +238,11 @@ def _write_requests(ctx: Context, parent: Batch, shards: list[Shard], wanted: se
     """The wanted requests of the batch's shards as batch input lines; how many."""
     n = 0
     for sh in shards:
-        with ctx.store.open(sh.object_key) as fh:
-            rows = read_rows(io.BytesIO(fh.read()))
+        try:
+            with ctx.store.open(sh.object_key) as fh:
+                rows = read_rows(io.BytesIO(fh.read()))
+        except ObjectNotFound:  # the input expired: its shards went with it
+            raise _gone(parent.id, parent.input_file_id) from None
         for row in rows:
             if row["custom_id"] in wanted:
                 out.write(orjson.dumps({"custom_id": row["custom_id"], "method": "POST",
