@@ -16,9 +16,10 @@ the output and error files are read back and joined to the rows.
 
 A restarted kernel loses nothing: running the same cell again sends the same
 Idempotency-Key (a digest of the rows and the parameters), so the service answers
-with the batch already made, running or ended, and the cell waits for it instead of
-submitting again. ``submit`` returns a :class:`Run` at once; ``attach(batch_id)`` finds
-a batch again by its id.
+with the batch already made, running or ended with results, and the cell waits for
+it instead of submitting again (one that ended with no results is submitted anew).
+Result columns a frame already has are replaced. ``submit`` returns a :class:`Run` at
+once; ``attach(batch_id)`` finds a batch again by its id.
 
 It speaks only the public HTTP API, through the ``openai`` SDK: the API's URL and
 key are the arguments, else ``INFERQ_API_URL`` and ``INFERQ_API_KEY``, else the
@@ -42,6 +43,8 @@ import pyarrow.parquet as pq
 EMBEDDINGS, CHAT = "/v1/embeddings", "/v1/chat/completions"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 RESULT_COLUMNS = {EMBEDDINGS: ("embedding",), CHAT: ("content", "finish_reason")}
+# Earlier batches of the same rows that ended with no results, skipped before giving up.
+MAX_REPLAYS = 5
 
 
 class BatchFailed(RuntimeError):
@@ -124,12 +127,20 @@ def submit(data: Any, endpoint: str, columns: dict[str, Any], body: dict[str, An
     digest = hashlib.sha256(payload)
     digest.update(json.dumps([endpoint, body, service_tier], sort_keys=True).encode())
     key = f"inferq-client-{digest.hexdigest()[:48]}"
-    f = client.files.create(file=("rows.parquet", payload), purpose="batch",
-                            extra_headers={"Idempotency-Key": key + ":file"})
-    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
-                              metadata={"source": "inferq.client"},
-                              extra_body={"body": body, "service_tier": service_tier},
-                              extra_headers={"Idempotency-Key": key})
+    started = time.time()
+    for attempt in range(MAX_REPLAYS + 1):
+        k = key if attempt == 0 else f"{key}:{attempt}"
+        f = client.files.create(file=("rows.parquet", payload), purpose="batch",
+                                extra_headers={"Idempotency-Key": k + ":file"})
+        b = client.batches.create(input_file_id=f.id, endpoint=endpoint,
+                                  completion_window="24h",
+                                  metadata={"source": "inferq.client"},
+                                  extra_body={"body": body, "service_tier": service_tier},
+                                  extra_headers={"Idempotency-Key": k})
+        replayed = b.created_at < int(started) - 1
+        if not (replayed and b.status in TERMINAL and b.output_file_id is None):
+            break  # new, or an earlier one that is running or has results
+        # An earlier run's batch that ended with no results: submit anew (next key).
     return Run(b.id, endpoint, client, id_column)
 
 
@@ -195,11 +206,18 @@ class Run:
                else range(table.num_rows))
         taken = results.take(pa.array([where.get(str(i)) for i in ids], type=pa.int64()))
         for name in RESULT_COLUMNS[self.endpoint]:
-            table = table.append_column(name, taken.column(name))
+            table = _put(table, name, taken.column(name))
         missing = pc.is_null(taken.column("custom_id"))  # no line at all: never answered
-        table = table.append_column("error", pc.if_else(
+        table = _put(table, "error", pc.if_else(
             missing, pa.scalar("no_result"), taken.column("error_code").cast(pa.string())))
         return _like(data, table)
+
+
+def _put(table: pa.Table, name: str, column: Any) -> pa.Table:
+    """``table`` with the column ``name``: replaced where it has one (a frame that went
+    through ``embed`` and then ``chat``), else added."""
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, name, column) if i >= 0 else table.append_column(name, column)
 
 
 def _table(data: Any) -> pa.Table:

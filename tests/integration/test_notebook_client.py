@@ -38,6 +38,10 @@ def test_a_pandas_frame_gets_its_embeddings_in_row_order(api: OpenAI, sdk: Any) 
     one = sdk.embeddings.create(model=EMBEDDER, input=df["text"].iloc[7],
                                 encoding_format="float").data[0].embedding
     assert np.allclose(out["embedding"].iloc[7], one, atol=1e-4)
+    # Its output through the client again: the result columns are replaced, not doubled.
+    twice = iq.embed(out, column="text", model=EMBEDDER, client=api, progress=False,
+                     poll_s=0.2)
+    assert list(twice.columns) == ["text", "n", "embedding", "error"]
     # Run again, as after a restarted kernel: the same batch answers, nothing new runs.
     before = sdk.batches.list(limit=100).data
     again = iq.submit(df, iq.EMBEDDINGS, {"input": pa.array(df["text"])},
