@@ -8,7 +8,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from flask import request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.batches.uploads import status_of
 from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
@@ -205,10 +205,15 @@ class FileObject(Out):
 
 
 class FileUpload(BaseModel):
-    """The multipart form of ``POST /v1/files``."""
+    """The multipart form of ``POST /v1/files`` (``expires_after`` as the SDK sends it:
+    two fields)."""
 
     file: bytes
     purpose: Literal["batch"]
+    expires_after_anchor: Literal["created_at"] | None = Field(
+        default=None, alias="expires_after[anchor]")
+    expires_after_seconds: int | None = Field(default=None, alias="expires_after[seconds]",
+                                              ge=3600, le=30 * 86400)
 
 
 class UploadObject(Out):

@@ -44,6 +44,8 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("POST", "/v1/batches/<batch_id>/cancel"): "batches.cancel",
     ("GET", "/v1/batches/<batch_id>/events"): "batches.events",
     ("GET", "/v1/batches/<batch_id>/output"): "batches.output",
+    ("POST", "/v1/batches/<batch_id>/retry"): "batches.retry_",
+    ("GET", "/v1/batches/<batch_id>/merged_output"): "batches.merged_output",
     ("POST", "/v1/embeddings"): "inference.embeddings",
     ("POST", "/v1/chat/completions"): "inference.chat_completions",
     ("POST", "/v1/completions"): "inference.completions",

@@ -28,6 +28,8 @@ COVERED = {
     ("POST", "/v1/batches/<batch_id>/cancel"): "/v1/batches/{batch_id}/cancel",
     ("GET", "/v1/batches/<batch_id>/events"): "/v1/batches/{batch_id}/events",
     ("GET", "/v1/batches/<batch_id>/output"): "/v1/batches/{batch_id}/output?partial=true",
+    ("POST", "/v1/batches/<batch_id>/retry"): "/v1/batches/{batch_id}/retry",
+    ("GET", "/v1/batches/<batch_id>/merged_output"): "/v1/batches/{batch_id}/merged_output",
     ("GET", "/v1/jobs/<job_id>"): "/v1/jobs/{job_id}",
     ("POST", "/v1/uploads/<upload_id>/parts"): "/v1/uploads/{upload_id}/parts",
     ("POST", "/v1/uploads/<upload_id>/complete"): "/v1/uploads/{upload_id}/complete",
