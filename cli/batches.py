@@ -159,10 +159,16 @@ def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ..
                                                            "seconds": output_expires_after}}))
     click.echo(b.id)
     if wait:
-        b = follow_events(client, b.id)
-        click.echo(summary(b))
-        if b.status != BatchStatus.COMPLETED:
-            raise click.ClickException(failure(b))
+        wait_for(client, b.id)
+
+
+def wait_for(client: Any, batch_id: str) -> None:
+    """Follow the batch until it ends, print its summary; a non-zero exit unless it
+    completed."""
+    b = follow_events(client, batch_id)
+    click.echo(summary(b))
+    if b.status != BatchStatus.COMPLETED:
+        raise click.ClickException(failure(b))
 
 
 @click.command()

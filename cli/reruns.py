@@ -6,10 +6,9 @@ from typing import Any
 
 import click
 
-from cli.batches import failure, follow_events, summary, with_client
+from cli.batches import wait_for, with_client
 from cli.client import connect
 from jobs.settings import Settings
-from jobs.status import BatchStatus
 
 
 @click.command()
@@ -33,7 +32,4 @@ def retry(batch_id: str, error_codes: tuple[str, ...], wait: bool, api_url: str 
     child = client.post(f"/batches/{batch_id}/retry", body=body, cast_to=Batch)
     click.echo(child.id)
     if wait:
-        child = follow_events(client, child.id)
-        click.echo(summary(child))
-        if child.status != BatchStatus.COMPLETED:
-            raise click.ClickException(failure(child))
+        wait_for(client, child.id)
