@@ -123,6 +123,13 @@ class EmbeddingEngine:
         with self._cond:
             return self._running != priority and not self._pending.get(priority)
 
+    def wait_free(self, priority: int, timeout: float) -> bool:
+        """Block until ``free_for(priority)`` (or ``timeout`` seconds); whether it is."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._running != priority and not self._pending.get(priority),
+                timeout)
+
     @contextmanager
     def gathering(self) -> Iterator[None]:
         """Rows submitted inside wait for the block to end before a pass starts, so that
@@ -171,6 +178,7 @@ class EmbeddingEngine:
                 finally:
                     with self._cond:
                         self._running = None
+                        self._cond.notify_all()  # wait_free's callers
 
     def _fail_pending(self, err: Exception) -> None:
         for items in self._pending.values():

@@ -407,7 +407,7 @@ class RealtimeConsumer(threading.Thread):
                 continue
             queues, some_busy = self.free_queues()
             if not queues:  # every engine busy: the requests wait on the shared queue
-                time.sleep(0.001)
+                self.models.wait_free(REALTIME, BUSY_POLL_S)
                 continue
             try:  # while some version is busy, look again soon for when it frees
                 got = self.r.brpop(queues, timeout=BUSY_POLL_S if some_busy else 1)

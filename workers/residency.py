@@ -162,6 +162,17 @@ class Residency:
         return {r.ref for r in self.residents()
                 if r.engine is not None and not r.engine.free_for(priority)}
 
+    def wait_free(self, priority: int, timeout: float) -> None:
+        """Block until an embedding version that is busy with work of ``priority`` is
+        free of it, or ``timeout`` seconds."""
+        busy = [r for r in self.residents()
+                if r.engine is not None and not r.engine.free_for(priority)]
+        if busy:
+            assert busy[0].engine is not None
+            busy[0].engine.wait_free(priority, timeout)
+        else:
+            time.sleep(min(timeout, 0.001))
+
     def embedding_queue_refs(self, name_or_ref: str) -> list[Resident]:
         """The embedding versions a request on the queue of ``name_or_ref`` (a version,
         or a name: any of its versions) is served by."""

@@ -288,3 +288,16 @@ def test_rows_gathered_together_run_in_one_pass(engines: list[EmbeddingEngine]) 
         assert model.calls == []
     wait(futures, timeout=TIMEOUT)
     assert [sorted(t[0] for t in c) for c in model.calls] == [[0, 1, 2, 3, 4]]
+
+
+def test_wait_free_returns_when_the_pass_of_that_priority_ends(
+        engines: list[EmbeddingEngine]) -> None:
+    gate = threading.Event()
+    model = FakeModel(gate)
+    engine = make(engines, model, max_tokens=256, max_rows=1, min_fill=0.0)
+    done = engine.submit([row(1, 3)], REALTIME)
+    assert model.entered.wait(TIMEOUT)
+    assert not engine.wait_free(REALTIME, 0.1)  # still running
+    threading.Timer(0.2, gate.set).start()
+    assert engine.wait_free(REALTIME, TIMEOUT)  # woken when the pass ends
+    assert done[0].done()
