@@ -1,8 +1,8 @@
 """inferq.client against the session's stack (API, control worker, a model worker with
 the packaged models): a pandas frame embedded, a polars frame answered through a
 template, a pyarrow Table keyed by its own id column; the results joined to the rows in
-their order; the same cell run again (as after a restarted kernel) waits for the same
-batch instead of submitting another."""
+their order (a row that failed says why); the same cell run again (as after a restarted
+kernel) waits for the same batch instead of submitting another."""
 
 from __future__ import annotations
 
@@ -27,13 +27,17 @@ def api(stack, tenant_key) -> OpenAI:  # type: ignore[no-untyped-def]
 
 
 def test_a_pandas_frame_gets_its_embeddings_in_row_order(api: OpenAI, sdk: Any) -> None:
-    df = pd.DataFrame({"text": [f"row {i}: " + "word " * (i % 9) for i in range(300)],
-                       "n": range(300)}, index=range(1000, 1300))
+    texts = [f"row {i}: " + "word " * (i % 9) for i in range(120)]
+    texts[5] = "word " * 5000  # over the model's context: it fails alone
+    df = pd.DataFrame({"text": texts, "n": range(120)}, index=range(1000, 1120))
     out = iq.embed(df, column="text", model=EMBEDDER, client=api, progress=False,
                    poll_s=0.2)
     assert isinstance(out, pd.DataFrame) and list(out.index) == list(df.index)
-    assert list(out["n"]) == list(range(300)) and out["error"].isna().all()
-    assert {len(v) for v in out["embedding"]} == {384}
+    assert list(out["n"]) == list(range(120))
+    assert out["error"].isna().tolist() == [i != 5 for i in range(120)]
+    assert out["error"].iloc[5] == "context_length_exceeded"
+    assert out["embedding"].isna().tolist() == [i == 5 for i in range(120)]
+    assert {len(v) for i, v in enumerate(out["embedding"]) if i != 5} == {384}
     # Row 7's vector is row 7's text's: the realtime answer for that text.
     one = sdk.embeddings.create(model=EMBEDDER, input=df["text"].iloc[7],
                                 encoding_format="float").data[0].embedding
@@ -75,13 +79,3 @@ def test_a_table_keyed_by_its_id_column_and_attached_by_batch_id(api: OpenAI) ->
         iq.submit(pa.table({"doc": ["a", "a"], "text": ["x", "y"]}), iq.EMBEDDINGS,
                   {"input": pa.array(["x", "y"])}, {"model": EMBEDDER}, id_column="doc",
                   client=api)
-
-
-def test_failed_rows_say_why(api: OpenAI) -> None:
-    """A row over the model's context fails alone; the others are answered."""
-    df = pd.DataFrame({"text": ["short", "word " * 5000, "also short"]})
-    out = iq.embed(df, column="text", model=EMBEDDER, client=api, progress=False,
-                   poll_s=0.2)
-    assert out["error"].isna().tolist() == [True, False, True]
-    assert out["error"].iloc[1] == "context_length_exceeded", out["error"].iloc[1]
-    assert out["embedding"].isna().tolist() == [False, True, False]

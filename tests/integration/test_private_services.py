@@ -20,7 +20,6 @@ def test_suite_runs_on_private_services() -> None:
     env = {**os.environ, "INFERQ_TEST_PRIVATE_SERVICES": "1", "INFERQ_CHAT_MODEL": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-         "tests/integration/test_api_errors.py",
          "tests/integration/test_e2e_batches.py::test_batch_roundtrip_with_openai_sdk"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
