@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +21,10 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def _json(value: object) -> str:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
 def make_engine(url: str, pool_size: int = 5) -> Engine:
     return create_engine(
         normalize_url(url),
@@ -27,6 +32,9 @@ def make_engine(url: str, pool_size: int = 5) -> Engine:
         max_overflow=10,
         pool_pre_ping=True,
         future=True,
+        # JSONB columns: orjson, many times faster than json for the shards' columns
+        json_serializer=_json,
+        json_deserializer=orjson.loads,
     )
 
 

@@ -1,0 +1,324 @@
+"""Datasets where their owners keep them: objects named by a URI, listed and read in place.
+
+A dataset URI is ``s3://bucket/key`` (the deployment's S3 endpoint and credentials:
+``AWS_ENDPOINT_URL`` and boto3's usual chain) or ``file:///path`` (a directory the
+service's processes share, for a single-machine deployment). It names one object, a
+prefix (ending in ``/``: every object under it) or a glob over keys (``*`` and ``?``
+within one path segment, ``**`` across segments). Objects whose name starts with ``_``
+or ``.`` (``_SUCCESS``, ``.crc`` files, Spark's and Hive's markers) are skipped.
+
+Every listed object carries its ETag (a local file: its modification time and size),
+and ``open_pinned`` reads exactly that version: ranged reads with ``If-Match`` on S3,
+so an object rewritten after it was listed raises ``SourceChanged`` instead of mixing
+two versions' bytes. ``destination`` gives an ObjectStore rooted at a URI prefix, for
+outputs written where the data team reads them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+from storage.objects import CHUNK, LocalStore, ObjectStore, S3Store
+
+SCHEMES = ("s3", "file")
+GLOB_CHARS = re.compile(r"[*?\[]")
+READAHEAD = 4 * CHUNK  # the least one ranged GET asks for (a footer read is a few bytes)
+
+
+class SourceChanged(Exception):
+    """An object was rewritten or deleted after it was listed (its ETag pinned)."""
+
+
+class BadLocation(ValueError):
+    """A URI this module cannot read or write (its scheme, its form)."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed dataset URI: ``scheme``, ``bucket`` (empty for file://) and ``key``
+    (the path within it, no leading slash for s3://, absolute for file://)."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+    @property
+    def uri(self) -> str:
+        return (f"s3://{self.bucket}/{self.key}" if self.scheme == "s3"
+                else f"file://{self.key}")
+
+    @property
+    def is_glob(self) -> bool:
+        return bool(GLOB_CHARS.search(self.key))
+
+    def within(self, prefix: Location) -> bool:
+        """Whether every object this URI can name lies under ``prefix`` (a location a
+        project may use): same scheme and bucket, and the key starts with the prefix's
+        at a path boundary. ``..`` segments are refused before (``parse``)."""
+        if (self.scheme, self.bucket) != (prefix.scheme, prefix.bucket):
+            return False
+        base = prefix.key
+        if not base or base.endswith("/"):
+            return self.key.startswith(base)
+        return self.key == base or self.key.startswith(base + "/")
+
+
+def parse(uri: str) -> Location:
+    """A URI's Location; BadLocation saying what is wrong with it."""
+    u = urlparse(uri)
+    if u.scheme not in SCHEMES:
+        raise BadLocation(f"a dataset URI starts with s3:// or file://, got {uri[:80]!r}")
+    if u.query or u.fragment or u.params:
+        raise BadLocation("a dataset URI has no query (?) or fragment (#)")
+    if u.scheme == "s3":
+        if not u.netloc:
+            raise BadLocation(f"an S3 URI names its bucket: s3://bucket/key, got {uri[:80]!r}")
+        key = u.path.lstrip("/")
+    else:
+        if u.netloc not in ("", "localhost"):
+            raise BadLocation("a file:// URI names a local path: file:///path")
+        key = u.path
+        if not key.startswith("/"):
+            raise BadLocation("a file:// URI names an absolute path: file:///path")
+    if any(part in (".", "..") for part in key.split("/")):
+        raise BadLocation("a dataset URI has no . or .. segments")
+    if "\x00" in key:
+        raise BadLocation("a dataset URI holds no NUL character")
+    return Location(u.scheme, u.netloc if u.scheme == "s3" else "", key)
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    """One object of a dataset, as listed: read back only in this version."""
+
+    uri: str
+    size: int
+    etag: str
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:end]
+                neg = body.startswith("!")
+                out.append("[" + ("^" if neg else "") + re.escape(body[1 if neg else 0:]) + "]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def _hidden(key: str, base: str) -> bool:
+    """A marker or hidden object under ``base``: some segment below it starts with
+    ``_`` or ``.``."""
+    rest = key[len(base):] if key.startswith(base) else key.rsplit("/", 1)[-1]
+    return any(seg[:1] in ("_", ".") for seg in rest.split("/") if seg)
+
+
+def _s3_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 5},
+                                            connect_timeout=10, read_timeout=60))
+
+
+def list_objects(loc: Location, limit: int) -> list[SourceObject]:
+    """The objects ``loc`` names, sorted by key, at most ``limit`` (BadLocation past it).
+    None found is an empty list (the caller says so in its terms)."""
+    if loc.is_glob:
+        head = GLOB_CHARS.split(loc.key, 1)[0]
+        base = head[:head.rfind("/") + 1]
+        match = _glob_regex(loc.key)
+    else:
+        base, match = loc.key, None
+    prefix_listing = match is not None or loc.key.endswith("/") or not loc.key
+    found = (_list_s3(loc.bucket, base, limit) if loc.scheme == "s3"
+             else _list_local(base, limit))
+    out: list[SourceObject] = []
+    for key, size, etag in found:
+        if match is not None:
+            if not match.fullmatch(key) or _hidden(key, base):
+                continue
+        elif prefix_listing:
+            if _hidden(key, base):
+                continue
+        elif key != loc.key:  # one object: a prefix match is not it
+            continue
+        if size == 0 and key.endswith("/"):
+            continue  # a "directory" marker object
+        out.append(SourceObject(Location(loc.scheme, loc.bucket, key).uri, size, etag))
+        if len(out) > limit:
+            raise BadLocation(f"{loc.uri} names more than {limit} objects; name fewer "
+                              "(a narrower prefix or glob)")
+    return out
+
+
+def holds_objects(loc: Location) -> bool:
+    """Whether anything lies under the prefix ``loc`` names (markers included)."""
+    if loc.scheme == "s3":
+        r = _s3_client().list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
+        return bool(r.get("KeyCount") or r.get("Contents"))
+    root = Path(loc.key)
+    return root.is_dir() and any(f for _d, _s, f in os.walk(root))
+
+
+def _list_s3(bucket: str, prefix: str, limit: int) -> list[tuple[str, int, str]]:
+    out: list[tuple[str, int, str]] = []
+    pages = _s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    for page in pages:
+        for o in page.get("Contents", []):
+            out.append((o["Key"], int(o["Size"]), o["ETag"]))
+        if len(out) > 10 * limit + 1000:  # enough to know the limit is passed
+            break
+    return sorted(out)
+
+
+def _local_etag(st: os.stat_result) -> str:
+    return f'"{st.st_mtime_ns:x}-{st.st_size:x}"'
+
+
+def _list_local(prefix: str, limit: int) -> list[tuple[str, int, str]]:
+    root = Path(prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] or "/")
+    if not root.is_dir():
+        return []
+    out: list[tuple[str, int, str]] = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if p.startswith(prefix):
+                st = os.stat(p)
+                out.append((p, st.st_size, _local_etag(st)))
+        if len(out) > 10 * limit + 1000:
+            break
+    return sorted(out)
+
+
+class _PinnedS3(io.RawIOBase):
+    """A seekable reader of one S3 object version: every read is a ranged GET with
+    ``If-Match`` (and the reply's ETag is checked too), read ahead ``READAHEAD`` bytes."""
+
+    def __init__(self, obj: SourceObject, client: Any) -> None:
+        loc = parse(obj.uri)
+        self.bucket, self.key, self.etag, self.size = loc.bucket, loc.key, obj.etag, obj.size
+        self.client, self.pos = client, 0
+        self.buf, self.buf_at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _fetch(self, start: int, n: int) -> bytes:
+        from botocore.exceptions import ClientError
+
+        end = min(self.size, start + max(n, READAHEAD)) - 1
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self.key, IfMatch=self.etag,
+                                       Range=f"bytes={start}-{end}")
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                raise SourceChanged(f"s3://{self.bucket}/{self.key} changed after it was "
+                                    "listed") from None
+            raise
+        if r.get("ETag") not in (None, self.etag):
+            raise SourceChanged(f"s3://{self.bucket}/{self.key} changed after it was listed")
+        data: bytes = r["Body"].read()
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.size - self.pos
+        n = min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        off = self.pos - self.buf_at
+        if not (0 <= off and off + n <= len(self.buf)):
+            self.buf, self.buf_at, off = self._fetch(self.pos, n), self.pos, 0
+        data = self.buf[off:off + n]
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+class _PinnedLocal(io.FileIO):
+    """A local file, checked against its listed modification time and size on open
+    and on close (a rewrite in between is SourceChanged)."""
+
+    def __init__(self, obj: SourceObject) -> None:
+        self.obj = obj
+        self.path = parse(obj.uri).key
+        try:
+            super().__init__(self.path, "rb")
+        except FileNotFoundError:
+            raise SourceChanged(f"{obj.uri} was deleted after it was listed") from None
+        self._check()
+
+    def _check(self) -> None:
+        if _local_etag(os.fstat(self.fileno())) != self.obj.etag:
+            raise SourceChanged(f"{self.obj.uri} changed after it was listed")
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._check()
+            finally:
+                super().close()
+
+
+def open_pinned(obj: SourceObject, client: Any = None) -> IO[bytes]:
+    """A seekable binary reader of ``obj`` in its listed version (close it when done)."""
+    loc = parse(obj.uri)
+    if loc.scheme == "s3":
+        return _PinnedS3(obj, client or _s3_client())  # type: ignore[return-value]
+    return _PinnedLocal(obj)
+
+
+def s3_client() -> Any:
+    """One S3 client for many ``open_pinned`` calls (a client per object is slow)."""
+    return _s3_client()
+
+
+def destination(loc: Location) -> ObjectStore:
+    """An ObjectStore whose keys are relative to the prefix ``loc`` names."""
+    if loc.is_glob:
+        raise BadLocation("an output URI is a prefix, not a glob")
+    if loc.scheme == "s3":
+        return S3Store(loc.bucket, loc.key)
+    return LocalStore(Path(loc.key))
