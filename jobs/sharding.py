@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -52,6 +54,7 @@ from storage.objects import ObjectStore, buffered
 from storage.parquet import dataset_columns, iter_dataset, shard_bytes
 
 MAX_REPORTED_ERRORS = 100
+PUTS_IN_FLIGHT = 4
 # The input column of a Parquet dataset, by endpoint.
 DATASET_COLUMN = {EMBEDDINGS: "input", CHAT: "messages", COMPLETIONS: "prompt",
                   RESPONSES: "input"}
@@ -68,6 +71,9 @@ class ShardPlan:
     """What validation produced: shard objects written, counts, and errors."""
 
     shards: list[int] = field(default_factory=list)  # rows per shard, by index
+    # Shards that are views of a dataset in place (jobs/batches/views.py), by index:
+    # each one's ``Shard.source``; empty when the shards are objects of their own.
+    views: list[dict[str, Any]] = field(default_factory=list)
     total: int = 0
     invalid: int = 0
     model: str | None = None
@@ -82,7 +88,7 @@ class ShardPlan:
             self.errors.append({"code": code, "message": message, "param": param, "line": line})
 
 
-class _Sharder:
+class Sharder:
     def __init__(self, store: ObjectStore, batch_id: str, endpoint: str, shard_rows: int,
                  max_inputs: int, max_requests: int, models: Catalog,
                  count_tokens: TokenCounter | None = None) -> None:
@@ -95,6 +101,10 @@ class _Sharder:
         self.seen: set[bytes] = set()
         self.invalid_lines: list[bytes] = []
         self.single_input = False  # Parquet datasets: one text per row
+        # Shard writes in flight (at most PUTS_IN_FLIGHT): the next shard is cut while
+        # the last ones go up.
+        self.pool = ThreadPoolExecutor(PUTS_IN_FLIGHT, thread_name_prefix="shard-put")
+        self.puts: deque[Future[int]] = deque()
 
     def add(self, line_no: int, custom_id: Any, body: Any,
             problem: InvalidRequest | None = None) -> None:
@@ -186,7 +196,11 @@ class _Sharder:
             self.rows = []
             return
         index = len(self.plan.shards)
-        self.store.put_bytes(keys.shard_input(self.batch_id, index), shard_bytes(self.rows))
+        while len(self.puts) >= PUTS_IN_FLIGHT:
+            self.puts.popleft().result()
+        self.puts.append(self.pool.submit(self.store.put_bytes,
+                                          keys.shard_input(self.batch_id, index),
+                                          shard_bytes(self.rows)))
         self.plan.shards.append(len(self.rows))
         self.rows = []
 
@@ -194,6 +208,7 @@ class _Sharder:
         if self.plan.total == 0 and not self.plan.error_count and not self.plan.invalid:
             self.plan.fail("empty_file", "the input file has no requests", None)
         self.flush()
+        self.close()
         if self.plan.error_count:
             self.store.delete_prefix(keys.batch_prefix(self.batch_id))
             self.plan.shards = []
@@ -201,6 +216,15 @@ class _Sharder:
             self.store.put_bytes(keys.validation_errors(self.batch_id),
                                  b"".join(self.invalid_lines))
         return self.plan
+
+
+    def close(self) -> None:
+        """Wait for the shard writes in flight (the first failure is raised)."""
+        try:
+            while self.puts:
+                self.puts.popleft().result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _lines(stream: IO[bytes], max_line: int) -> Iterator[tuple[int, bytes | None]]:
@@ -228,7 +252,7 @@ def _json_type(v: Any) -> str:
     return f"a {type(v).__name__}"
 
 
-def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int,
+def shard_jsonl(s: Sharder, stream: IO[bytes], max_line: int,
                 defaults: dict[str, Any] | None = None) -> None:
     """One request per line; a line's body is merged over ``defaults`` (the batch's
     ``body``): its own fields win, as a dataset's input column does."""
@@ -276,7 +300,7 @@ def shard_jsonl(s: _Sharder, stream: IO[bytes], max_line: int,
         s.add(n, obj.get("custom_id"), {**defaults, **body} if isinstance(body, dict) else body)
 
 
-def shard_parquet(s: _Sharder, path: Path, defaults: dict[str, Any]) -> None:
+def shard_parquet(s: Sharder, path: Path, defaults: dict[str, Any]) -> None:
     """One request per row: ``custom_id`` and the endpoint's input column (``input``,
     ``prompt`` or ``messages``), merged over ``defaults`` (the batch's ``body``, which
     names the model). ``messages`` is a list of structs (role, content) or a JSON text
@@ -298,7 +322,7 @@ def shard_parquet(s: _Sharder, path: Path, defaults: dict[str, Any]) -> None:
             value = row[column]
             problem = None
             if column == "messages" and isinstance(value, str | bytes):
-                value = _json_messages(value)
+                value = json_messages(value)
                 if value is None:
                     problem = InvalidRequest(MESSAGES_HINT, param="messages",
                                              code="invalid_messages")
@@ -318,7 +342,7 @@ def _missing_columns(endpoint: str, column: str, cols: list[str]) -> str:
             f"{each}")
 
 
-def _json_messages(text: str | bytes) -> list[Any] | None:
+def json_messages(text: str | bytes) -> list[Any] | None:
     """A ``messages`` cell given as JSON text: the list it holds (None if it holds none)."""
     try:
         value = orjson.loads(text)
@@ -327,26 +351,38 @@ def _json_messages(text: str | bytes) -> list[Any] | None:
     return value if isinstance(value, list) else None
 
 
+# A dataset batch's reader (jobs/batches/datasets.py): its manifest into the sharder.
+DatasetReader = Callable[["Sharder", bytes], None]
+
+
 def validate_and_shard(store: ObjectStore, *, batch_id: str, file_key: str, file_format: str,
                        endpoint: str, defaults: dict[str, Any], shard_rows: int, max_line: int,
                        max_inputs: int, max_requests: int, models: Catalog,
-                       count_tokens: TokenCounter | None = None) -> ShardPlan:
+                       count_tokens: TokenCounter | None = None,
+                       read_dataset: DatasetReader | None = None) -> ShardPlan:
     """Validate the input file against ``models`` (the registry, read once by the
     caller for this batch) and write its shards; returns what was found.
     ``count_tokens``: counts each valid request's prompt tokens exactly (the upper
-    bound when None)."""
-    s = _Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests, models,
-                 count_tokens)
-    if file_format == "parquet":
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "input.parquet"
-            store.download(file_key, path)
-            try:
-                shard_parquet(s, path, defaults)
-            except (OSError, ValueError) as e:  # pyarrow's errors derive from these
-                s.plan.fail("invalid_dataset", f"the Parquet file cannot be read: "
-                            f"{shown(str(e), 300)}", None)
-    else:
-        with store.open(file_key) as stream:
-            shard_jsonl(s, stream, max_line, defaults)
+    bound when None). ``read_dataset`` reads a ``dataset`` file's rows in place."""
+    s = Sharder(store, batch_id, endpoint, shard_rows, max_inputs, max_requests, models,
+                count_tokens)
+    try:
+        if file_format == "dataset":
+            assert read_dataset is not None, "a dataset batch needs its reader"
+            read_dataset(s, store.get_bytes(file_key))
+        elif file_format == "parquet":
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "input.parquet"
+                store.download(file_key, path)
+                try:
+                    shard_parquet(s, path, defaults)
+                except (OSError, ValueError) as e:  # pyarrow's errors derive from these
+                    s.plan.fail("invalid_dataset", f"the Parquet file cannot be read: "
+                                f"{shown(str(e), 300)}", None)
+        else:
+            with store.open(file_key) as stream:
+                shard_jsonl(s, stream, max_line, defaults)
+    except BaseException:
+        s.close()
+        raise
     return s.finish()
