@@ -2,13 +2,14 @@
 
 Admin keys only (``api/__init__.py`` authenticates the blueprint). The shapes are the
 ``openai`` SDK's ``client.admin.organization.projects`` types, every required field
-present; a project's ``weight`` (its share of the batch lanes) and a rate limit's
-``max_concurrent_streams`` are inferq extensions.
+present; a project's ``weight`` (its share of the batch lanes), a rate limit's
+``max_concurrent_streams`` and a project's data locations (where its batches read and
+write datasets in place) are inferq extensions.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from flask import Blueprint, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -16,14 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from api import context
 from api.schemas import ID, json_body, page, page_params
 from jobs import tenants
+from jobs.batches import locations
 from jobs.errors import InvalidRequest, NotFound, shown
-from jobs.models import ServiceAccount, Tenant
+from jobs.models import DataLocation, ServiceAccount, Tenant
 from jobs.requests import INT64, parse_model
 
 bp = Blueprint("admin", __name__)
 
 PATH_IDS = {"project_id": "project", "service_account_id": "service account",
-            "api_key_id": "API key", "rate_limit_id": "rate limit"}
+            "api_key_id": "API key", "rate_limit_id": "rate limit",
+            "location_id": "data location"}
 NAME_MAX = 200
 MAX_EXPIRY_S = 100 * 365 * 24 * 3600
 
@@ -105,6 +108,11 @@ class RateLimitUpdate(_Body):
     max_images_per_1_minute: None = None
 
 
+class LocationCreate(_Body):
+    uri: Annotated[str, Field(strict=True, min_length=1, max_length=512)]
+    access: Literal["read", "write", "read_write"]
+
+
 def _body(cls: type[_Body], optional: bool = False) -> Any:
     if optional and not request.get_data(cache=True):
         return cls()
@@ -142,6 +150,11 @@ def key_object(v: tenants.KeyView) -> dict[str, Any]:
             "redacted_value": f"{k.prefix}...{k.suffix}", "created_at": k.created_at,
             "last_used_at": k.last_used_at, "expires_at": k.expires_at, "owner": owner,
             "owner_project_access": "active" if v.active else "inactive"}
+
+
+def location_object(row: DataLocation) -> dict[str, Any]:
+    return {"id": row.id, "object": "organization.project.data_location", "uri": row.uri,
+            "access": row.access, "created_at": row.created_at}
 
 
 def rate_limit_object(v: tenants.LimitView) -> dict[str, Any]:
@@ -300,3 +313,25 @@ def update_rate_limit(project_id: str, rate_limit_id: str) -> Any:
                              + ", ".join(tenants.LIMIT_FIELDS))
     return rate_limit_object(tenants.update_limit(context(), project_id, rate_limit_id,
                                                   changes))
+
+
+# Data locations (inferq extension): where a project's batches read and write in place -----
+
+
+@bp.post("/projects/<project_id>/data_locations")
+def create_location(project_id: str) -> Any:
+    tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
+    req: LocationCreate = _body(LocationCreate)
+    return location_object(locations.add(context(), project_id, req.uri, req.access))
+
+
+@bp.get("/projects/<project_id>/data_locations")
+def list_locations(project_id: str) -> Any:
+    return page([location_object(r) for r in locations.list_(context(), project_id)], False)
+
+
+@bp.delete("/projects/<project_id>/data_locations/<location_id>")
+def delete_location(project_id: str, location_id: str) -> Any:
+    locations.remove(context(), project_id, location_id)
+    return {"id": location_id, "object": "organization.project.data_location.deleted",
+            "deleted": True}

@@ -44,6 +44,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "admin.create_project": admin.ProjectCreate, "admin.update_project": admin.ProjectUpdate,
     "admin.create_service_account": admin.ServiceAccountCreate,
     "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate,
+    "admin.create_location": admin.LocationCreate,
     "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody, "fleet.add": fleet.ModelAdd}
 # Bodies that may be left out entirely (every field optional).
 OPTIONAL_BODIES = {"batches.retry_", "webhooks.update", "webhooks.rotate_secret",
@@ -85,6 +86,8 @@ OK: dict[str, type[BaseModel]] = {
     "admin.list_keys": s.Page[s.ApiKey], "admin.retrieve_key": s.ApiKey,
     "admin.delete_key": s.Deleted, "admin.list_rate_limits": s.Page[s.RateLimit],
     "admin.update_rate_limit": s.RateLimit,
+    "admin.create_location": s.DataLocation, "admin.list_locations": s.Page[s.DataLocation],
+    "admin.delete_location": s.Deleted,
     "usage.completions": s.UsagePage[s.CompletionsUsage],
     "usage.embeddings": s.UsagePage[s.EmbeddingsUsage],
     "usage.costs": s.UsagePage[s.CostsResult],
@@ -122,7 +125,7 @@ ADMINISTERED = {"admin", "usage", "fleet"}
 NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest may answer 503
 # Error statuses a view has beyond those its parameters imply (see _errors).
 ERRORS: dict[str, set[int]] = {
-    "batches.create": {404}, "batches.cancel": {409}, "uploads.cancel": {400},
+    "batches.create": {403, 404}, "batches.cancel": {409}, "uploads.cancel": {400},
     "batches.retry_": {409}, "batches.merged_output": {409},
     "files.delete": {409},
     "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
@@ -132,6 +135,7 @@ ERRORS: dict[str, set[int]] = {
     "admin.create_project": {409}, "admin.update_project": {409},
     "admin.archive_project": {409}, "admin.create_service_account": {409},
     "admin.create_key": {409}, "admin.update_rate_limit": {409},
+    "admin.create_location": {409},
     "fleet.add": {409}, "fleet.remove": {409}}
 IDEMPOTENT = {"batches.create", "batches.retry_", "files.create", "jobs.create", "uploads.create",
               "uploads.add_part"}

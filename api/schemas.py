@@ -687,6 +687,14 @@ class RateLimit(Out):
     max_concurrent_streams: int | None
 
 
+class DataLocation(Out):
+    id: str
+    object: Literal["organization.project.data_location"]
+    uri: str
+    access: Literal["read", "write", "read_write"]
+    created_at: int
+
+
 class CompletionsUsage(Out):
     object: Literal["organization.usage.completions.result"]
     input_tokens: int

@@ -15,7 +15,6 @@ store) is left to be retried.
 
 from __future__ import annotations
 
-import io
 import logging
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -26,13 +25,16 @@ from sqlalchemy.orm import Session
 
 from jobs import outputs, webhooks
 from jobs import repository as repo
+from jobs.batches import exports
+from jobs.batches.datasets import Manifest
+from jobs.batches.views import read_shard
 from jobs.context import Context
 from jobs.errors import shown, transient
 from jobs.models import Batch, File, Shard, new_id, now
 from jobs.status import TERMINAL, BatchStatus, ShardStatus
 from storage import keys
 from storage.objects import CHUNK, ConcatReader, ObjectNotFound, ObjectStore
-from storage.parquet import read_rows, write_rows
+from storage.parquet import write_rows
 
 log = logging.getLogger("inferq.finalize")
 
@@ -75,7 +77,8 @@ def _finalize(ctx: Context, batch_id: str) -> None:
         shards = repo.shards_of(s, batch_id)
         reason = "batch_expired" if expired else "batch_cancelled"
         f = s.get(File, b.input_file_id)
-        fmt = f.format if f is not None else "jsonl"
+        # A Parquet input's (and a dataset's) results are Parquet; the rest JSONL.
+        fmt = "parquet" if f is not None and f.format in ("parquet", "dataset") else "jsonl"
 
         def write(kind: str, blocks: Iterator[bytes]) -> tuple[str, int, int]:
             key = keys.batch_output(batch_id, kind, fmt)
@@ -88,6 +91,10 @@ def _finalize(ctx: Context, batch_id: str) -> None:
         err = write("errors", _error_blocks(ctx.store, b, shards, reason, lost))
         b.output_file_id = _output_file(s, b, "output", fmt, out)
         b.error_file_id = _output_file(s, b, "errors", fmt, err)
+        if f is not None and f.format == "dataset" and not lost:
+            manifest = Manifest.from_json(ctx.store.get_bytes(f.object_key))
+            if manifest.output is not None:
+                exports.write(ctx.store, b, shards, manifest, reason)
         if lost:  # requests we cannot account for: the batch must not claim success
             b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), lost
         elif expired:
@@ -174,8 +181,7 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
                          ("shard_failed", sh.error or "the request could not be processed"))
         sh.failed += sh.rows - sh.rows_done  # these requests get error lines
         try:
-            with store.open(sh.object_key) as f:
-                rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
+            rows = read_shard(store, sh, start=sh.rows_done)
         except Exception as e:  # noqa: BLE001 - reported on the batch instead
             lost.append({"code": "shard_unreadable", "line": None, "param": None,
                          "message": f"{sh.rows - sh.rows_done} requests of shard {sh.index} "

@@ -114,6 +114,22 @@ class RateLimit(Base):
     updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
 
+class DataLocation(Base):
+    """An object-store location (a URI prefix) a project's batches may read datasets
+    from or write outputs to, in place (jobs/batches/datasets.py); set by an admin.
+    ``access``: read, write or read_write."""
+
+    __tablename__ = "data_locations"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    uri: Mapped[str] = mapped_column(String(1024))
+    access: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+    __table_args__ = (Index("ix_data_locations_tenant_id_uri", "tenant_id", "uri",
+                            unique=True),)
+
+
 class UsageRecord(Base):
     """Billable work: one row per realtime request or job, one per committed batch
     chunk. ``source`` names what was counted (``job:<id>``, ``chunk:<shard>:<n>``,
@@ -260,7 +276,8 @@ class Batch(Base):
 
 
 class Shard(Base):
-    """A slice of a batch's requests, stored as one Parquet object.
+    """A slice of a batch's requests, stored as one Parquet object (or, for a dataset
+    in place, a view of a range of its rows: ``source``).
 
     Claimed under a lease; ``lease_token`` fences every checkpoint so a worker
     whose lease was taken over can no longer write. ``chunks_done`` is the
@@ -274,6 +291,9 @@ class Shard(Base):
     index: Mapped[int] = mapped_column(Integer)
     object_key: Mapped[str] = mapped_column(String(1024))
     rows: Mapped[int] = mapped_column(Integer)
+    # A view of a dataset in place instead of a shard object (jobs/batches/views.py):
+    # {"file", "row_group", "start", "count"} of the manifest at ``object_key``.
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSONB, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default=ShardStatus.QUEUED)
     # When the fair dispatcher last sent it to its lane's broker queue; NULL: waiting
     # in the database for its turn.

@@ -8,11 +8,12 @@ import logging
 import secrets
 from typing import IO, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from jobs import catalog, fairshare, limits, registry, webhooks
 from jobs import repository as repo
+from jobs.batches import datasets, views
 from jobs.context import Context
 from jobs.errors import (
     Conflict,
@@ -204,8 +205,23 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
     terminal event."""
     if req.callback_url is not None:
         webhooks.check_callback(ctx, tenant_id, req.callback_url)
+    dataset = None
+    if req.input_dataset is not None:
+        if "model" not in req.body:
+            raise InvalidRequest('a dataset names no model: give the batch\'s body.model (e.g. '
+                                 '"body": {"model": "all-MiniLM-L6-v2"}; --model in the CLI)',
+                                 param="body.model", code="missing_model")
+        if not isinstance(req.body["model"], str):
+            raise InvalidRequest("body.model must be a string", param="body.model")
+        catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model")
+        dataset = datasets.create_input(ctx, tenant_id, req.endpoint, req.input_dataset,
+                                        req.output_dataset, req.body)
     with ctx.db.session() as s:
-        f = repo.get_file(s, tenant_id, req.input_file_id, lock=True)
+        if dataset is not None:
+            s.add(dataset)
+            s.flush()
+        f = repo.get_file(s, tenant_id, dataset.id if dataset else req.input_file_id or "",
+                          lock=True)
         if f is None:
             raise NotFound(f"No such File object: {req.input_file_id}", param="input_file_id")
         if f.purpose != "batch":
@@ -219,7 +235,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
             if (req.endpoint == EMBEDDINGS and "dimensions" in req.body
                     and not info.matryoshka):  # every line would fail
                 raise no_dimensions(info.name, param="body.dimensions")
-        elif f.format == "parquet":
+        elif f.format in ("parquet", "dataset"):
             raise InvalidRequest("a Parquet input names no model: give the batch's body.model "
                                  '(e.g. "body": {"model": "all-MiniLM-L6-v2"}; --model in the '
                                  "CLI)", param="body.model", code="missing_model")
@@ -339,11 +355,13 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         assert f is not None
         endpoint, defaults, file_key, fmt = b.endpoint, dict(b.defaults), f.object_key, f.format
     st = ctx.settings
+    models = catalog.load(ctx)
     plan = validate_and_shard(
         ctx.store, batch_id=batch_id, file_key=file_key, file_format=fmt, endpoint=endpoint,
         defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
         max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
-        models=catalog.load(ctx), count_tokens=count_tokens)
+        models=models, count_tokens=count_tokens,
+        read_dataset=views.reader(defaults, models, st.max_line_bytes))
     default = registry.get_default(ctx, plan.model) if plan.model else None
     pinned = default.version if default is not None else None
     shard_ids: list[str] = []
@@ -373,11 +391,17 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         b.input_tokens = plan.input_tokens
         b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
         sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn
+        new_shards = []
         for index, rows in enumerate(plan.shards):
             sid = f"{batch_id}.{index:06d}"
-            s.add(Shard(id=sid, batch_id=batch_id, index=index, rows=rows,
-                        object_key=keys.shard_input(batch_id, index), dispatched_at=sent_at))
+            view = plan.views[index] if plan.views else None
+            new_shards.append({
+                "id": sid, "batch_id": batch_id, "index": index, "rows": rows,
+                "object_key": file_key if view else keys.shard_input(batch_id, index),
+                "source": view, "dispatched_at": sent_at})
             shard_ids.append(sid)
+        if new_shards:  # one INSERT of many rows: a dataset has thousands of shards
+            s.execute(insert(Shard), new_shards)
         tier = b.service_tier
     if shard_ids:
         fairshare.after_validation(ctx, shard_ids, tier)

@@ -17,7 +17,6 @@ Lines whose own input is at fault (4xx) are committed as error lines.
 
 from __future__ import annotations
 
-import io
 import logging
 import random
 import secrets
@@ -29,13 +28,13 @@ from typing import Any
 
 from jobs import repository as repo
 from jobs import usage
+from jobs.batches.views import read_shard
 from jobs.context import Context
 from jobs.dispatch import lane_for
 from jobs.models import Batch, Shard
 from jobs.outputs import Tokens
 from jobs.status import ShardOutcome, ShardStatus
 from storage import keys
-from storage.parquet import read_rows
 from workers import metrics
 from workers.embedding_engine import PRIORITY_BY_TIER
 from workers.runners import Runner
@@ -161,8 +160,7 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
     attempt = sh.attempt  # this claim's: its part keys are its own
     # Resume after the committed rows, not chunks_done x chunk_rows: the chunk size is
     # this worker's setting and may differ from the one that committed the chunks.
-    with ctx.store.open(sh.object_key) as f:
-        rows = read_rows(io.BytesIO(f.read()), start=sh.rows_done)
+    rows = read_shard(ctx.store, sh, start=sh.rows_done)
     chunks = [rows[i: i + st.chunk_rows] for i in range(0, len(rows), st.chunk_rows)]
 
     def submit(n: int) -> Any:

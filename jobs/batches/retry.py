@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from jobs import outputs, service
 from jobs import repository as repo
+from jobs.batches.views import read_shard
 from jobs.context import Context
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import Batch, File, Shard
@@ -113,7 +114,7 @@ def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Ite
     with ctx.db.session() as s:
         parent, chain = _ended_chain(s, tenant_id, batch_id)
         f = s.get(File, parent.input_file_id)
-        parquet = f is not None and f.format == "parquet"
+        parquet = f is not None and f.format in ("parquet", "dataset")
         s.expunge_all()
     for b in chain:  # every file is there before a byte is sent
         for file_id in (b.output_file_id, b.error_file_id):
@@ -239,8 +240,7 @@ def _write_requests(ctx: Context, parent: Batch, shards: list[Shard], wanted: se
     n = 0
     for sh in shards:
         try:
-            with ctx.store.open(sh.object_key) as fh:
-                rows = read_rows(io.BytesIO(fh.read()))
+            rows = read_shard(ctx.store, sh)
         except ObjectNotFound:  # the input expired: its shards went with it
             raise _gone(parent.id, parent.input_file_id) from None
         for row in rows:

@@ -96,6 +96,10 @@ ROUTES = {  # every route of the app: (method, url rule) -> view; a new one must
     ("GET", "/v1/organization/projects/<project_id>/rate_limits"): "admin.list_rate_limits",
     ("POST", "/v1/organization/projects/<project_id>/rate_limits/<rate_limit_id>"):
         "admin.update_rate_limit",
+    ("POST", "/v1/organization/projects/<project_id>/data_locations"): "admin.create_location",
+    ("GET", "/v1/organization/projects/<project_id>/data_locations"): "admin.list_locations",
+    ("DELETE", "/v1/organization/projects/<project_id>/data_locations/<location_id>"):
+        "admin.delete_location",
     ("GET", "/v1/organization/usage/completions"): "usage.completions",
     ("GET", "/v1/organization/usage/embeddings"): "usage.embeddings",
     ("GET", "/v1/organization/costs"): "usage.costs",

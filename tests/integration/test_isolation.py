@@ -77,6 +77,10 @@ NOT_PROJECT_OBJECTS = {
     ("GET", f"{ORG}/<project_id>/service_accounts"): "the project itself",
     ("GET", f"{ORG}/<project_id>/api_keys"): "the project itself",
     ("GET", f"{ORG}/<project_id>/rate_limits"): "the project itself",
+    ("POST", f"{ORG}/<project_id>/data_locations"): "the project itself",
+    ("GET", f"{ORG}/<project_id>/data_locations"): "the project itself",
+    # a location id is looked up within the project of the path (locations.remove)
+    ("DELETE", f"{ORG}/<project_id>/data_locations/<location_id>"): "the project itself",
     # rl-<model> names a model; its values are the project's (test_limits_are_per_project)
     ("POST", f"{ORG}/<project_id>/rate_limits/<rate_limit_id>"): "a model, per project",
 }
