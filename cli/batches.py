@@ -15,6 +15,7 @@ from typing import IO, Any
 import click
 
 from cli.client import connect
+from cli.datasets import create_batch, dataset_body, is_dataset_uri
 from jobs.settings import Settings
 from jobs.status import TERMINAL, BatchStatus
 
@@ -106,7 +107,7 @@ def failure(b: Any) -> str:
 
 
 @click.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path")
 @click.option("--endpoint", default="/v1/embeddings", show_default=True)
 @click.option("--model", default=None,
               help="model of every row (needed for a Parquet input; a JSONL line that "
@@ -124,20 +125,62 @@ def failure(b: Any) -> str:
 @click.option("--output-expires-after", type=click.IntRange(3600, 30 * 86400), default=None,
               metavar="SECONDS", help="its output and error files expire this long after "
               "they are made (3600 to 2592000; default: kept until deleted)")
+@click.option("--id-column", default=None, help="dataset: the column of each row's custom_id "
+              "(default custom_id)")
+@click.option("--input-column", default=None, help="dataset: the column of each row's input")
+@click.option("--template", default=None, metavar="TEXT",
+              help="dataset: each row's input from its columns, e.g. 'Review: {title} {body}'")
+@click.option("--system", default=None, help="dataset: a system prompt (chat, responses)")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default=None,
+              help="dataset: the objects' format (default: from their names)")
+@click.option("--output", default=None, metavar="URI",
+              help="dataset: also write the results as Parquet under this empty prefix")
 @with_client
-def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ...],
+def submit(path: str, endpoint: str, model: str | None, metadata: tuple[str, ...],
            service_tier: str | None, idempotency_key: str | None, wait: bool,
            expires_after: int | None, output_expires_after: int | None,
+           id_column: str | None, input_column: str | None, template: str | None,
+           system: str | None, fmt: str | None, output: str | None,
            api_url: str | None, api_key: str | None) -> None:
-    """Upload PATH (JSONL or Parquet) and create a batch; prints its id."""
+    """Create a batch over PATH; prints its id. PATH is a local file (JSONL or Parquet,
+    uploaded first) or a dataset in place: s3://bucket/key, a prefix (ending in /) or a
+    glob (s3://bucket/reviews/*.parquet), read where it is."""
     meta = parse_metadata(metadata)
-    parquet = is_parquet_file(path)
-    if model is None and parquet:
-        raise click.ClickException("a Parquet input names no model: pass --model "
-                                   "(e.g. --model all-MiniLM-L6-v2)")
+    dataset = is_dataset_uri(path)
+    mapping = {"--id-column": id_column, "--input-column": input_column,
+               "--template": template, "--system": system, "--format": fmt,
+               "--output": output}
+    if not dataset:
+        given = [k for k, v in mapping.items() if v is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: for a dataset URI (s3://…)")
+        local = Path(path)
+        if not local.is_file():
+            raise click.BadParameter(f"no file {path!r} (a dataset in place is a URI: "
+                                     "s3://bucket/key)", param_hint="PATH")
+    elif expires_after is not None:
+        raise click.UsageError("--expires-after: a dataset in place is not uploaded")
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     client = _client(api_url, api_key)
+    if dataset:
+        fields = dataset_body(path, endpoint, model, fmt, id_column, input_column, template,
+                              system, output)
+        fields.update({"metadata": meta} if meta else {})
+        fields.update({"service_tier": service_tier} if service_tier else {})
+        if output_expires_after is not None:
+            fields["output_expires_after"] = {"anchor": "created_at",
+                                              "seconds": output_expires_after}
+        b = create_batch(client, fields,
+                         {"Idempotency-Key": idempotency_key} if idempotency_key else None)
+        click.echo(b.id)
+        if wait:
+            wait_for(client, b.id)
+        return
+    parquet = is_parquet_file(local)
+    if model is None and parquet:
+        raise click.ClickException("a Parquet input names no model: pass --model "
+                                   "(e.g. --model all-MiniLM-L6-v2)")
     body: dict[str, Any] = {}
     if model:
         body["body"] = {"model": model}
@@ -147,8 +190,8 @@ def submit(path: Path, endpoint: str, model: str | None, metadata: tuple[str, ..
     def headers(suffix: str) -> dict[str, str] | None:
         return {"Idempotency-Key": idempotency_key + suffix} if idempotency_key else None
 
-    with path.open("rb") as fh:
-        f = client.files.create(file=(path.name, fh), purpose="batch",
+    with local.open("rb") as fh:
+        f = client.files.create(file=(local.name, fh), purpose="batch",
                                 extra_headers=headers(FILE_KEY_SUFFIX),
                                 **({} if expires_after is None else {"expires_after": {
                                     "anchor": "created_at", "seconds": expires_after}}))

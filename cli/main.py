@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli import admin, batches, capacity, reruns, state, top
+from cli import admin, batches, capacity, datasets, reruns, state, top
 from jobs.settings import Settings
 
 if TYPE_CHECKING:
@@ -506,6 +506,7 @@ def models_default(name: str, version: str) -> None:
 
 main.add_command(admin.admin_key_command)
 main.add_command(admin.projects)
+admin.projects.add_command(datasets.locations)
 main.add_command(admin.keys)
 main.add_command(admin.limits)
 main.add_command(admin.usage)
