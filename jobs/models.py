@@ -204,6 +204,10 @@ class Upload(Base):
     expires_at: Mapped[int] = mapped_column(BigInteger)
     completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # On a store that takes parts in place (S3): the id of the multipart upload of its
+    # object (storage.keys.upload_target) its parts go into, and the part numbers given.
+    store_upload_id: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    parts_started: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_uploads_tenant_id_id", "tenant_id", "id"),
@@ -212,7 +216,8 @@ class Upload(Base):
 
 
 class UploadPart(Base):
-    """One part of an upload, stored as an object of its own until the upload ends."""
+    """One part of an upload: an object of its own until the upload ends, or a part of
+    the multipart upload of the upload's object (``number``)."""
 
     __tablename__ = "upload_parts"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -222,6 +227,10 @@ class UploadPart(Base):
     head: Mapped[builtins.bytes] = mapped_column(LargeBinary)  # (``bytes`` is a column here)
     object_key: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # A part in place (Upload.store_upload_id): its number and ETag in the multipart
+    # upload of ``object_key``; NULL for a part stored as an object of its own.
+    number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    etag: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     __table_args__ = (Index("ix_upload_parts_upload_id_id", "upload_id", "id"),)
 

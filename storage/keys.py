@@ -14,6 +14,13 @@ def upload_part(upload_id: str, part_id: str) -> str:
     return f"uploads/{upload_id}/{part_id}"
 
 
+def upload_target(upload_id: str) -> str:
+    """The object an upload's parts go into in place (a store with multipart uploads):
+    the File's object when completing keeps them in the order they came, else the
+    source its parts are copied from in their order."""
+    return f"files/{upload_id}"
+
+
 def batch_prefix(batch_id: str) -> str:
     return f"batches/{batch_id}/"
 

@@ -102,6 +102,43 @@ class ObjectStore(ABC):
         return self.put_stream(key, io.BufferedReader(ConcatReader(blocks()), CHUNK))
 
 
+class PartsInPlace(ABC):
+    """A store that writes an object from parts sent one by one, numbered as they come
+    (S3's multipart upload): an upload's parts go straight into its object's parts, and
+    completing it costs no copy."""
+
+    @abstractmethod
+    def begin_parts(self, key: str) -> str:
+        """Start an object made of parts; returns the id of its parts."""
+
+    @abstractmethod
+    def put_part(self, key: str, parts_id: str, number: int, stream: IO[bytes]) -> str:
+        """Store part ``number`` (1…10,000) read from the rewindable ``stream``; its ETag."""
+
+    @abstractmethod
+    def end_parts(self, key: str, parts_id: str, parts: Sequence[tuple[int, str]]) -> None:
+        """Make the object of ``parts`` ((number, ETag), numbers ascending); the others
+        are dropped. ``PartsGone`` if they were ended or aborted before."""
+
+    @abstractmethod
+    def abort_parts(self, key: str, parts_id: str) -> None:
+        """Drop every part (nothing to drop is no error)."""
+
+    @abstractmethod
+    def copy_part(self, key: str, parts_id: str, number: int, source: str) -> str:
+        """Make the object ``source`` part ``number``, server-side; its ETag."""
+
+    @abstractmethod
+    def compose_ranges(self, key: str, pieces: Sequence[tuple[str, int, int]],
+                       digest: Digest | None = None) -> int:
+        """Store the byte ranges ((source key, offset, length)), in that order, as
+        ``key``; its byte count (``digest`` fed every byte, as ``compose``)."""
+
+
+class PartsGone(Exception):
+    """The parts of an object were ended or aborted already."""
+
+
 class LocalStore(ObjectStore):
     """A directory; writes go to a temp file in the same directory, then rename."""
 
@@ -174,7 +211,7 @@ _retry = retry(
 )
 
 
-class S3Store(ObjectStore):
+class S3Store(ObjectStore, PartsInPlace):
     """``s3://bucket/prefix``; the endpoint comes from ``AWS_ENDPOINT_URL`` or ``endpoint_url``."""
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
@@ -269,6 +306,104 @@ class S3Store(ObjectStore):
         try:
             with ThreadPoolExecutor(min(COPIES, len(part_keys))) as pool:
                 parts = list(pool.map(copy, range(1, len(part_keys) + 1), part_keys))
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id)
+            raise
+
+    # Parts in place (an upload's parts as the parts of its object's multipart upload)
+
+    @_retry
+    def begin_parts(self, key: str) -> str:
+        r = self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key))
+        return str(r["UploadId"])
+
+    def put_part(self, key: str, parts_id: str, number: int, stream: IO[bytes]) -> str:
+        from botocore.exceptions import ClientError
+
+        start = stream.tell()
+
+        def attempt() -> str:
+            stream.seek(start)
+            r = self.client.upload_part(Bucket=self.bucket, Key=self._key(key),
+                                        UploadId=parts_id, PartNumber=number, Body=stream)
+            return str(r["ETag"])
+
+        try:
+            return str(_retry(attempt)())
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                raise PartsGone(key) from e
+            raise
+
+    def end_parts(self, key: str, parts_id: str, parts: Sequence[tuple[int, str]]) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            _retry(self.client.complete_multipart_upload)(
+                Bucket=self.bucket, Key=self._key(key), UploadId=parts_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in parts]})
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                raise PartsGone(key) from e
+            raise
+
+    def abort_parts(self, key: str, parts_id: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            _retry(self.client.abort_multipart_upload)(Bucket=self.bucket, Key=self._key(key),
+                                                       UploadId=parts_id)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                raise
+
+    def copy_part(self, key: str, parts_id: str, number: int, source: str) -> str:
+        r = _retry(self.client.upload_part_copy)(
+            Bucket=self.bucket, Key=self._key(key), UploadId=parts_id, PartNumber=number,
+            CopySource={"Bucket": self.bucket, "Key": self._key(source)})
+        return str(r["CopyPartResult"]["ETag"])
+
+    def compose_ranges(self, key: str, pieces: Sequence[tuple[str, int, int]],
+                       digest: Digest | None = None) -> int:
+        """Server-side ranged part copies where S3's part rules allow (every piece but
+        the last at least 5 MiB), else the pieces streamed through this process."""
+        total = sum(n for _, _, n in pieces)
+        if (0 < len(pieces) <= MAX_PARTS and all(n >= MIN_PART for _, _, n in pieces[:-1])
+                and all(0 < n <= MAX_PART for _, _, n in pieces)):
+            _retry(self._copy_ranges)(key, pieces)
+            if digest is not None:
+                for block in self.iter_chunks(key):
+                    digest.update(block)
+            return total
+
+        def blocks() -> Iterator[bytes]:
+            for source, off, n in pieces:
+                body = self.client.get_object(Bucket=self.bucket, Key=self._key(source),
+                                              Range=f"bytes={off}-{off + n - 1}")["Body"]
+                while block := body.read(CHUNK):
+                    if digest is not None:
+                        digest.update(block)
+                    yield block
+
+        return self.put_stream(key, io.BufferedReader(ConcatReader(blocks()), CHUNK))
+
+    def _copy_ranges(self, key: str, pieces: Sequence[tuple[str, int, int]]) -> None:
+        k = self._key(key)
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
+
+        def copy(n: int, piece: tuple[str, int, int]) -> dict[str, Any]:
+            source, off, size = piece
+            r = self.client.upload_part_copy(
+                Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=n,
+                CopySource={"Bucket": self.bucket, "Key": self._key(source)},
+                CopySourceRange=f"bytes={off}-{off + size - 1}")
+            return {"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(min(COPIES, len(pieces))) as pool:
+                parts = list(pool.map(copy, range(1, len(pieces) + 1), pieces))
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:

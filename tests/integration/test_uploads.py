@@ -115,7 +115,21 @@ def error(e: openai.APIStatusError) -> dict[str, Any]:
 
 
 def part_objects(ctx: Context, upload_id: str) -> list[str]:
-    return ctx.store.list(keys.upload_prefix(upload_id))
+    """What the store holds of an upload's parts: objects of their own, or (S3) the
+    parts of the multipart upload they went into in place."""
+    found = ctx.store.list(keys.upload_prefix(upload_id))
+    with ctx.db.session() as s:
+        up = s.get(Upload, upload_id)
+        in_place = up.store_upload_id if up is not None else None
+    if in_place is not None:
+        store: Any = ctx.store
+        try:
+            r = store.client.list_parts(Bucket=store.bucket, UploadId=in_place,
+                                        Key=store._key(keys.upload_target(upload_id)))
+        except store.client.exceptions.NoSuchUpload:
+            return found
+        found += [f"part {p['PartNumber']}" for p in r.get("Parts", [])]
+    return found
 
 
 def test_parts_out_of_order_and_concurrent_make_the_file(world: dict[str, Any], client: OpenAI,
@@ -153,6 +167,9 @@ def test_parts_out_of_order_and_concurrent_make_the_file(world: dict[str, Any], 
     assert client.files.retrieve(f.id).bytes == len(data)
     assert client.files.content(f.id).read() == data
     assert part_objects(ctx, up.id) == []  # the parts are gone, the file stays
+    # Named in another order than they came: copied to the File's own object, and the
+    # object they went into in place is gone.
+    assert not ctx.store.exists(keys.upload_target(up.id))
     with ctx.db.session() as s:
         row = s.get(File, f.id)
         assert row is not None and row.format == "jsonl"
@@ -459,3 +476,59 @@ def test_unauthenticated_requests_are_refused(world: dict[str, Any]) -> None:
     r = http.post("/v1/uploads", json={"bytes": 1, "filename": "a", "mime_type": JSONL,
                                        "purpose": "batch"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_large_parts_go_in_place_and_complete_without_a_copy(
+        client: OpenAI, ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On S3, parts of at least 5 MiB are parts of the upload's own multipart upload:
+    named in the order they came, completing ends it and that object is the File's (no
+    copy); named in another order, or with an md5 to check, the File is composed of
+    their ranges. A small last part (an object of its own) is copied in server-side."""
+    mib = 1024 * 1024
+    monkeypatch.setattr(ctx.settings, "max_upload_part_bytes", 6 * mib)
+    monkeypatch.setattr(ctx.settings, "max_upload_bytes", 16 * mib)
+    data = dataset(76_000)
+    assert len(data) > 10 * mib + 1000
+    chunks = split(data, [5 * mib, 5 * mib])  # two parts in place, a small last one
+
+    up = client.uploads.create(bytes=len(data), filename="big.jsonl", mime_type=JSONL,
+                               purpose="batch")
+    ids = [client.uploads.parts.create(upload_id=up.id, data=c).id for c in chunks]
+    with ctx.db.session() as s:
+        numbers = [s.get(UploadPart, i).number for i in ids]  # type: ignore[union-attr]
+    assert numbers == [1, 2, None]
+    assert len(part_objects(ctx, up.id)) == 3  # two in place, one object
+    done = client.uploads.complete(upload_id=up.id, part_ids=ids)
+    assert done.status == "completed" and done.file is not None
+    with ctx.db.session() as s:
+        row = s.get(File, done.file.id)
+        assert row is not None and row.object_key == keys.upload_target(up.id)  # no copy
+    assert client.files.content(done.file.id).read() == data
+    assert part_objects(ctx, up.id) == []
+
+    # Sent in another order than the file's, and checked against an md5 (a wrong one
+    # first: refused, the upload still pending, then completed with the right one).
+    up = client.uploads.create(bytes=len(data), filename="big.jsonl", mime_type=JSONL,
+                               purpose="batch")
+    sent = {i: client.uploads.parts.create(upload_id=up.id, data=chunks[i]).id
+            for i in (1, 0, 2)}
+    part_ids = [sent[i] for i in range(3)]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.uploads.complete(upload_id=up.id, part_ids=part_ids, md5="0" * 32)
+    assert e.value.body["code"] == "md5_mismatch"  # type: ignore[index]
+    done = client.uploads.complete(upload_id=up.id, part_ids=part_ids,
+                                   md5=hashlib.md5(data).hexdigest())
+    assert done.status == "completed" and done.file is not None
+    with ctx.db.session() as s:
+        row = s.get(File, done.file.id)
+        assert row is not None and row.object_key == keys.file_object(done.file.id)
+    assert client.files.content(done.file.id).read() == data
+    assert part_objects(ctx, up.id) == [] and not ctx.store.exists(keys.upload_target(up.id))
+
+    # Cancelled with parts in place: nothing is left.
+    up = client.uploads.create(bytes=len(data), filename="big.jsonl", mime_type=JSONL,
+                               purpose="batch")
+    client.uploads.parts.create(upload_id=up.id, data=chunks[0])
+    assert len(part_objects(ctx, up.id)) == 1
+    client.uploads.cancel(upload_id=up.id)
+    assert part_objects(ctx, up.id) == [] and not ctx.store.exists(keys.upload_target(up.id))
