@@ -4,7 +4,8 @@ api: ``client.uploads.upload_file_chunked`` of the official SDK (its defaults: 6
 parts sent one after another, no md5), against the API served by gunicorn (the
 stack's command, ``cli.stack.api_command``: one process of the gevent edge worker),
 which streams each part into the object store as an object of its own and, at
-completion, composes them into the File's object (S3: server-side part copies). The
+completion, ends them into the File's object (S3: parts of 5 MiB and more go straight
+into the upload's own multipart upload, numbered as they come). The
 time runs from ``create`` to the completed upload with its File.
 raw: boto3's multipart upload of the same file to the same S3 server: one
 ``create_multipart_upload``, ``upload_part`` of each 64 MB part in order, one
@@ -245,7 +246,7 @@ def main() -> None:
              spread([mbs / t for t in api_t])],
             ["api ÷ raw throughput", spread(ratios)],
             ["raw: s in complete_multipart_upload", spread(raw_last)],
-            ["api: s in complete (the parts' copies, then completing)", spread(api_last)],
+            ["api: s in complete (ending the multipart upload)", spread(api_last)],
             ["api ÷ raw throughput of the parts (before complete)", spread(
                 [(r - rl) / (a - al) for r, rl, a, al in zip(raw_t, raw_last, api_t, api_last,
                                                             strict=True)])],
