@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from jobs.errors import InferqError
+from jobs.core.errors import InferqError
 
 log = logging.getLogger("inferq.api")
 

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from flask import Response, current_app, g, request
 
-from api import context
+from api.current import context
 from api.errors import error_body
-from jobs import idempotency
-from jobs.errors import InferqError
+from jobs.core import idempotency
+from jobs.core.errors import InferqError
 from storage.objects import CHUNK
 
 

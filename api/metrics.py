@@ -1,4 +1,4 @@
-"""The API's Prometheus series, served on GET /metrics (api/health.py).
+"""The API's Prometheus series, served on GET /metrics (api/routes/health.py).
 
 Per request: its latency (until the response, a stream's included, is fully sent)
 by route, method, lane, model and status; a count by route, method and status; errors
@@ -6,12 +6,12 @@ by status and code (the ``code`` of the OpenAI error body). Every label takes va
 this service defines, never one a client makes up: ``route`` is the URL rule
 (``/v1/batches/<batch_id>``), never the path, and ``<unmatched>`` for a path no rule
 serves; ``method`` is one of ``METHODS`` or ``other``; ``model`` one the catalog
-validated (set by ``api.admit``), else empty. No project, key or request id is a
+validated (set by ``api.current.admit``), else empty. No project, key or request id is a
 label: what each project used is in usage accounting (``/v1/organization/usage``).
 
 At scrape time: the depth of every lane's queue in Redis (``QueueDepthCollector``):
 the Celery lists of control, batch and flex, the jobs list and each model's
-realtime list (``jobs.dashboard.queue_depths``).
+realtime list (``jobs.slo.dashboard.queue_depths``).
 
 Who may read them (``authorize``): a request with ``Authorization: Bearer`` and the
 metrics token (``INFERQ_METRICS_TOKEN``, compared in constant time; what Prometheus
@@ -45,9 +45,10 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs import dashboard, service
-from jobs.context import Context
-from jobs.errors import PermissionDenied, Unauthorized
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.errors import PermissionDenied, Unauthorized
+from jobs.slo import dashboard
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REQUEST_SECONDS = Histogram("inferq_api_request_seconds",
@@ -71,7 +72,7 @@ LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime
 
 class QueueDepthCollector(Collector):
     """``inferq_queue_depth{lane, model}``: messages waiting on each lane's Redis lists,
-    read when scraped (``jobs.dashboard.queue_depths``, which the dashboard shows too)."""
+    read when scraped (``jobs.slo.dashboard.queue_depths``, which the dashboard shows too)."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r

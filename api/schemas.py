@@ -11,10 +11,10 @@ from flask import request
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.batches.uploads import status_of
-from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
-from jobs.models import Batch, File, Upload, UploadPart
-from jobs.repository import ShardSums
-from jobs.status import BatchStatus, DeliveryStatus, JobStatus
+from jobs.core.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
+from jobs.core.queries import ShardSums
+from jobs.core.schema import Batch, File, Upload, UploadPart
+from jobs.core.status import BatchStatus, DeliveryStatus, JobStatus
 
 MAX_JSON_DEPTH = 64
 # Every id this service hands out (and every model name) fits this; anything else
@@ -496,7 +496,7 @@ class ResponseText(Out):
 
 
 class ResponseObject(Out):
-    """A Response (/v1/responses; jobs.response_shapes)."""
+    """A Response (/v1/responses; jobs.protocol.responses)."""
 
     id: str
     object: Literal["response"]
@@ -613,7 +613,7 @@ class Liveness(Out):
     status: Literal["ok"]
 
 
-# The Admin API (api/admin.py, api/usage.py) ---------------------------------------------------
+# The Admin API (api/routes/admin.py, api/routes/usage.py) -----------------------------------------
 
 
 class Project(Out):

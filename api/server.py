@@ -14,7 +14,7 @@ edge for everyone:
 - every protocol-level refusal (a malformed request line, header or chunk, a header
   over the limit, a timeout) in the OpenAI error shape, never gunicorn's HTML.
 
-Its settings come from ``INFERQ_*`` like everything else (``jobs.settings``).
+Its settings come from ``INFERQ_*`` like everything else (``jobs.core.settings``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import BadRequest, RequestTimeout
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 # Request line and header limits: gunicorn enforces them while parsing, this module
 # answers them (cli.stack.api_command passes them on).

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from flask import current_app
 
-from jobs.limits import RateLimited
+from jobs.tenants.limits import RateLimited
 
 
 class StreamSlots:

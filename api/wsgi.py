@@ -1,5 +1,5 @@
 """WSGI entry for gunicorn: ``gunicorn api.wsgi:app``."""
 
-from api import create_app
+from api.app import create_app
 
 app = create_app()

@@ -112,7 +112,7 @@ def summary(name: str, got: list[tuple[int, float]], slo: float, window: float
 
 
 def drained(r: Any, timeout: float = 120) -> None:
-    from jobs import admission
+    from jobs.slo import admission
 
     deadline = time.monotonic() + timeout
     while admission.lane_state(r, MODEL, 10).in_system > 0 and time.monotonic() < deadline:
@@ -132,8 +132,8 @@ def main() -> None:
     import redis
 
     from cli.stack import Stack, api_command
-    from jobs.realtime import live_workers
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
+    from jobs.realtime.client import live_workers
 
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,

@@ -171,8 +171,8 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
         ids: set[str], args: argparse.Namespace, disturbed: bool) -> dict[str, Any]:
     from sqlalchemy import select
 
-    from jobs.context import Context
-    from jobs.models import Shard
+    from jobs.core.context import Context
+    from jobs.core.schema import Shard
 
     ev = Events()
     sup.fill()
@@ -244,7 +244,7 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
     from storage.embedded import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as tmp:

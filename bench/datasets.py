@@ -5,7 +5,7 @@ C++ reader, threads of its own), reading the columns the batch reads (the id and
 template's columns) to the last record batch; nothing else.
 inferq: ``POST /v1/batches`` with ``input_dataset`` (the prefix, a prompt template over
 two columns, a system prompt, chat) through the app in this process, then the control
-task body (``jobs.service.validate_batch``): every object read in its pinned version
+task body (``jobs.batches.service.validate_batch``): every object read in its pinned version
 by ranged GETs, every row checked and rendered, the shards (1,000 rows each, the
 default) written to the same S3 server, the batch in progress. Timed from the POST to
 the batch's shards queued.
@@ -104,7 +104,7 @@ def submit(client: Any, output: str | None = None, endpoint: str = "/v1/chat/com
 
 
 def inferq(ctx: Any, client: Any) -> tuple[float, int]:
-    from jobs import service
+    from jobs.batches import service
 
     t0 = time.perf_counter()
     batch_id = submit(client)
@@ -125,16 +125,16 @@ def e2e(ctx: Any, client: Any, s3: Any, endpoint: str, rows: int) -> dict[str, A
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from jobs import finalize, service
-    from jobs import repository as repo
-    from jobs.models import Model
-    from workers.batch_lane import run_shard
-    from workers.batching import BatchPolicy
-    from workers.breaker import Breaker
-    from workers.embedding_engine import EmbeddingEngine
-    from workers.residency import Residency, Resident
-    from workers.runtime.embeddings import EmbeddingModel
-    from workers.worker_runtime import WorkerRuntime
+    from jobs.batches import finalize, service
+    from jobs.core import queries as repo
+    from jobs.core.schema import Model
+    from workers.engines.batching import BatchPolicy
+    from workers.engines.embeddings import EmbeddingEngine
+    from workers.lanes.batch import run_shard
+    from workers.models.embeddings import EmbeddingModel
+    from workers.models.residency import Residency, Resident
+    from workers.process.breaker import Breaker
+    from workers.process.runtime import WorkerRuntime
 
     fs = pafs.S3FileSystem(endpoint_override=endpoint, access_key=AWS["AWS_ACCESS_KEY_ID"],
                            secret_key=AWS["AWS_SECRET_ACCESS_KEY"], region="us-east-1")
@@ -188,10 +188,10 @@ def main() -> None:
     from botocore.exceptions import EndpointConnectionError
     from openai import OpenAI
 
-    from api import create_app
-    from jobs import registry, service
-    from jobs.batches import locations
-    from jobs.settings import Settings
+    from api.app import create_app
+    from jobs.batches import locations, service
+    from jobs.core.settings import Settings
+    from jobs.fleet import registry
     from storage.db import migrate
     from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 

@@ -20,7 +20,7 @@ from bench.workload import texts, write_embeddings_jsonl
 from cli.client import follow
 from cli.stack import Stack
 from cli.state import DataDirLock
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 N_TEXTS = 2400
 SEED = 7

@@ -790,7 +790,7 @@ def ms(x: float | None) -> str:
 @contextlib.contextmanager
 def started(args: argparse.Namespace, tmp: str) -> Iterator[Any]:
     from cli.stack import Stack
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,
                   chat_model="", torch_threads=args.torch_threads)

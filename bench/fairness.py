@@ -51,7 +51,7 @@ def finish(client: Any, batch_id: str, n: int) -> float:
 def shard_times(ctx: Any, batch_id: str) -> list[tuple[float | None, float | None]]:
     from sqlalchemy import select
 
-    from jobs.models import Shard
+    from jobs.core.schema import Shard
 
     with ctx.db.session() as s:
         return [(c, k) for c, k in s.execute(
@@ -90,8 +90,8 @@ def run_mode(settings: Any, fair: bool, large: Path, small: Path, n_large: int,
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs import service
-    from jobs.context import Context
+    from jobs.batches import service
+    from jobs.core.context import Context
 
     st = settings.model_copy(update={"fair_dispatch": fair, "api_port": free_port()})
     with Stack(st, extra_env={"INFERQ_CHAT_MODEL": ""}) as stack:
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     runs: dict[str, list[dict[str, Any]]] = {"fifo": [], "fair": []}
     with tempfile.TemporaryDirectory() as tmp:

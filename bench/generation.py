@@ -118,8 +118,8 @@ def useful(row: list[int], limit: int, eos: set[int]) -> int:
 
 def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
     from jobs.protocol.structured import Constraint
-    from workers.generation import Collect
-    from workers.generation_request import GenRequest
+    from workers.engines.generation import Collect
+    from workers.engines.request import GenRequest
 
     if getattr(engine, "cache", None) is not None:
         engine.cache.clear()
@@ -217,8 +217,8 @@ def run_hf_continuous(model: Any, rows: list[Row]) -> tuple[float, int]:
 def engine_before(model: Any) -> Any:
     """The engine with its cache handling as it was: finished rows are removed (the
     batch's cache copied) at once, and joining rows are appended (copied again)."""
-    from workers.generation import GenerationEngine
-    from workers.runtime.chat import KV
+    from workers.engines.generation import GenerationEngine
+    from workers.models.chat import KV
 
     class EngineBefore(GenerationEngine):
         def _join(self, prev: list[Any], joined: list[Any], new_kv: Any) -> None:
@@ -308,11 +308,11 @@ def main() -> None:
             SIDES[w] = [s for s in SIDES[w] if s in only]
             RATIOS[w] = [(a, b) for a, b in RATIOS[w] if a in only and b in only]
 
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
+    from workers.engines.generation import GenerationEngine
+    from workers.engines.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.engines.vllm import VllmEngine
-    from workers.generation import GenerationEngine
-    from workers.prefix_cache import WORTH_TOKENS, PrefixCache
-    from workers.runtime.chat import ChatModel, ChatTokens
+    from workers.models.chat import ChatModel, ChatTokens
 
     st = Settings.from_env()
     path = twins.chat_path()

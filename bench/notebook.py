@@ -66,7 +66,7 @@ def main() -> None:
 
     from cli.stack import Stack
     from inferq import client as iq
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     items = [t for _, t in texts(args.n, seed=0, max_sentences=4)]
     times: dict[str, list[float]] = {"sdk": [], "pandas": [], "polars": []}

@@ -12,7 +12,7 @@ import time
 
 from bench.common import report, spread
 from bench.workload import texts
-from workers.batching import BatchPolicy, arrival_order, padding_stats
+from workers.engines.batching import BatchPolicy, arrival_order, padding_stats
 
 
 def run_batches(model, ids: list[list[int]], batches: list[list[int]]) -> float:  # type: ignore[no-untyped-def]
@@ -29,8 +29,8 @@ def main() -> None:
     ap.add_argument("--arrival-rows", type=int, default=64)
     args = ap.parse_args()
 
-    from jobs.settings import Settings
-    from workers.runtime.embeddings import EmbeddingModel
+    from jobs.core.settings import Settings
+    from workers.models.embeddings import EmbeddingModel
 
     st = Settings.from_env()
     model = EmbeddingModel("all-MiniLM-L6-v2")

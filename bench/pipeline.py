@@ -67,9 +67,9 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from cli.stack import Stack
-    from jobs.settings import Settings
-    from workers.batching import BatchPolicy
-    from workers.runtime.embeddings import EmbeddingModel, packaged_path
+    from jobs.core.settings import Settings
+    from workers.engines.batching import BatchPolicy
+    from workers.models.embeddings import EmbeddingModel, packaged_path
 
     work = texts(args.n, seed=0, max_sentences=args.max_sentences)
     items = [t for _, t in work]

@@ -70,7 +70,7 @@ def schedule(args: argparse.Namespace) -> list[tuple[float, str]]:
 
 
 def total_loads(r: Any, reasons: tuple[str, ...]) -> int:
-    from jobs import placement
+    from jobs.fleet import placement
 
     return sum(n for by in placement.load_counts(r).values() for why, n in by.items()
                if why in reasons)
@@ -81,10 +81,10 @@ def run(policy: str, args: argparse.Namespace, arrivals: list[tuple[float, str]]
     import redis
 
     from cli.stack import Stack
-    from jobs import placement, registry
-    from jobs.context import Context
-    from jobs.realtime import live_workers
-    from jobs.settings import Settings
+    from jobs.core.context import Context
+    from jobs.core.settings import Settings
+    from jobs.fleet import placement, registry
+    from jobs.realtime.client import live_workers
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

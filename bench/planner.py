@@ -56,8 +56,8 @@ def text_pool(n: int, mean_words: float, seed: int, max_words: int = 200) -> lis
 
 def measured(r: Any) -> tuple[float, float]:
     """μ and the service times' Cs² over the live workers (weighted by requests measured)."""
-    from jobs import admission
-    from jobs.realtime import live_workers
+    from jobs.realtime.client import live_workers
+    from jobs.slo import admission
 
     view = admission.servers_of(live_workers(r, "realtime", MODEL), MODEL)
     return (view.mu or float("nan")), view.scv
@@ -67,9 +67,9 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
     import redis
 
     from cli.stack import Stack
-    from jobs import admission
-    from jobs.realtime import live_workers
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
+    from jobs.realtime.client import live_workers
+    from jobs.slo import admission
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

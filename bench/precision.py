@@ -47,7 +47,7 @@ def embed_all(model: Any, ids: list[list[int]], batch: int) -> tuple[float, np.n
 
 
 def embeddings(args: argparse.Namespace) -> list[list[Any]]:
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     name = "all-MiniLM-L6-v2"
     base = EmbeddingModel(name, twins.embedding_path())
@@ -82,9 +82,9 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 
 
 def chat(args: argparse.Namespace) -> list[list[Any]]:
-    from workers.generation import Collect, GenerationEngine
-    from workers.generation_request import GenRequest
-    from workers.runtime.chat import ChatModel
+    from workers.engines.generation import Collect, GenerationEngine
+    from workers.engines.request import GenRequest
+    from workers.models.chat import ChatModel
 
     name = "SmolLM2-135M-Instruct"
     path = twins.chat_path()

@@ -111,7 +111,7 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,

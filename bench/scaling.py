@@ -3,7 +3,7 @@ the simulated accelerator, against N x the items/s of one.
 
 The workers are real model workers (Celery, the batch lane, the shard pipeline, the
 embedding engine, leases and checkpoints) whose model is the simulated accelerator
-(``INFERQ_ACCELERATOR=simulated``, ``workers/runtime/simulated.py``): a forward pass
+(``INFERQ_ACCELERATOR=simulated``, ``workers/models/simulated.py``): a forward pass
 sleeps for what the profile's cost model says it takes, so the model costs no CPU and
 16 workers fit on a small machine. What keeps the fleet from scaling linearly is then
 the rest of the service: dispatch, the broker, PostgreSQL, the object store, the API,
@@ -188,7 +188,7 @@ class Fleet:
     def wait_ready(self, n: int, timeout: float = 300) -> None:
         import redis
 
-        from jobs.realtime import live_workers
+        from jobs.realtime.client import live_workers
 
         r = redis.Redis.from_url(self.stack.settings.redis_url)
         deadline = time.monotonic() + timeout
@@ -280,7 +280,7 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

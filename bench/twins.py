@@ -37,8 +37,8 @@ def chat_path() -> Path:
     d = twins_dir()
     if d is not None:
         return d / CHAT
-    from jobs.settings import Settings
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from jobs.core.settings import Settings
+    from workers.models.importers import converted_dir, smollm2_gguf
     return converted_dir(Settings.from_env().cache_dir, CHAT, "1", smollm2_gguf())
 
 
@@ -46,14 +46,14 @@ def embedding_path() -> Path:
     d = twins_dir()
     if d is not None:
         return d / EMBEDDINGS
-    from workers.runtime.embeddings import packaged_path
+    from workers.models.embeddings import packaged_path
     return packaged_path(EMBEDDINGS)
 
 
 def pack(out: Path) -> None:
-    from jobs.settings import Settings
-    from workers.runtime.embeddings import packaged_path
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from jobs.core.settings import Settings
+    from workers.models.embeddings import packaged_path
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     chat = converted_dir(Settings.from_env().cache_dir, CHAT, "1", smollm2_gguf())
     for name, src in ((CHAT, chat), (EMBEDDINGS, packaged_path(EMBEDDINGS))):

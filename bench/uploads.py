@@ -172,9 +172,9 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import api_command
-    from jobs import service
-    from jobs.context import Context
-    from jobs.settings import Settings
+    from jobs.batches import service
+    from jobs.core.context import Context
+    from jobs.core.settings import Settings
     from storage.db import migrate
     from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 

@@ -3,7 +3,7 @@ control worker sustains.
 
 A stack runs on one data dir (embedded PostgreSQL and Redis) with its control worker
 only. Events are written to the outbox the way a status change writes them
-(``jobs.webhooks.emit`` in a transaction of their own), for one project whose endpoint
+(``jobs.webhooks.events.emit`` in a transaction of their own), for one project whose endpoint
 is a receiver on 127.0.0.1 in this process (http.server, threaded, answers 200). The
 latency of a delivery is its receipt time minus its event's ``created_at`` (the time
 the outbox row was written, in the status change's transaction).
@@ -80,7 +80,7 @@ class Receiver:
 
 
 def emit(ctx: Any, tenant_id: str, n: int) -> list[str]:
-    from jobs import webhooks
+    from jobs.webhooks import events as webhooks
 
     with ctx.db.session() as s:
         return [e for i in range(n) if (e := webhooks.emit(
@@ -104,7 +104,7 @@ def deliveries_of(ctx: Any, event_ids: list[str]) -> dict[str, float]:
     """delivery id -> its event's created_at."""
     from sqlalchemy import select
 
-    from jobs.models import WebhookDelivery, WebhookEvent
+    from jobs.core.schema import WebhookDelivery, WebhookEvent
 
     with ctx.db.session() as s:
         return dict(s.execute(select(WebhookDelivery.id, WebhookEvent.created_at).join(
@@ -133,7 +133,7 @@ def one_round(ctx: Any, rx: Receiver, tenant_id: str, args: argparse.Namespace,
            "burst_p50_ms": 1000 * statistics.median(lat),
            "burst_p99_ms": 1000 * pct(lat, 0.99), "burst_deliveries_per_s": rate}
     if slow is not None:  # the same burst while another project's receiver hangs
-        from jobs import webhooks
+        from jobs.webhooks import events as webhooks
 
         hook = webhooks.create_endpoint(ctx, slow_tenant, webhooks.EndpointCreate(
             name="hangs", url=slow.url, event_types=["batch.completed"]))
@@ -166,9 +166,10 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs import service, webhooks
-    from jobs.context import Context
-    from jobs.settings import Settings
+    from jobs.batches import service
+    from jobs.core.context import Context
+    from jobs.core.settings import Settings
+    from jobs.webhooks import events as webhooks
 
     rx, slow = Receiver(), Receiver(hang_s=2 * args.read_timeout)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from cli.client import connect_admin
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 NAME_MAX = 200
 LIMIT_OPTIONS = {  # option -> the rate limit's field
@@ -99,8 +99,8 @@ def admin_key_command(name: str) -> None:
     """Create an admin key in the database and print it (shown once): for a deployment
     without `inferq up`, which makes one itself."""
     from cli.main import DATABASE, _backends
-    from jobs import tenants
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.tenants import projects as tenants
 
     ctx = Context(_backends(DATABASE))
     try:

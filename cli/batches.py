@@ -16,8 +16,8 @@ import click
 
 from cli.client import connect
 from cli.datasets import create_batch, dataset_body, is_dataset_uri
-from jobs.settings import Settings
-from jobs.status import TERMINAL, BatchStatus
+from jobs.core.settings import Settings
+from jobs.core.status import TERMINAL, BatchStatus
 
 JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}
@@ -61,7 +61,7 @@ def is_parquet_file(path: Path) -> bool:
 def check_idempotency_key(key: str) -> str:
     """The key as the API takes it, with room for the upload's suffix (a usage error
     otherwise, before anything is sent)."""
-    from jobs.idempotency import MAX_KEY
+    from jobs.core.idempotency import MAX_KEY
 
     limit = MAX_KEY - len(FILE_KEY_SUFFIX)
     if not key or len(key) > limit or not (key.isascii() and key.isprintable()):

@@ -1,8 +1,8 @@
 """``inferq capacity``: how many workers a lane needs. The realtime lane: for an
 arrival rate and a wait objective, by the queueing model the scaling signal uses
-(``jobs.admission``: M/G/c, Erlang C with Allen–Cunneen's correction for the spread of
+(``jobs.slo.admission``: M/G/c, Erlang C with Allen–Cunneen's correction for the spread of
 service times). The batch lanes: for a backlog of rows and its deadline, at the rows
-per second a worker computes (``jobs.backlog``, the batch lanes' scaling signal).
+per second a worker computes (``jobs.slo.backlog``, the batch lanes' scaling signal).
 
 The service time and its spread are the ones given, or the ones the stack's live
 workers measured (their heartbeats' service reports, as the API reads them).
@@ -15,8 +15,8 @@ import math
 import click
 
 from cli import state
-from jobs import admission
-from jobs.settings import Settings
+from jobs.core.settings import Settings
+from jobs.slo import admission
 
 
 def _fmt(s: float) -> str:
@@ -34,7 +34,7 @@ def _measured(model: str) -> admission.Servers:
             "give --service-time, start a stack with `inferq up`, or set INFERQ_REDIS_URL")
     r = redis.Redis.from_url(st.redis_url, socket_connect_timeout=3, socket_timeout=5)
     try:
-        from jobs.realtime import live_workers
+        from jobs.realtime.client import live_workers
 
         beats = live_workers(r, admission.LANE, model)
     except redis.RedisError as e:
@@ -60,8 +60,8 @@ def _batch_plan(lane: str, model: str, rows: int | None, deadline: float | None,
     deadlines), at ``rows_per_s`` per worker or the rate the stack's shards measured."""
     import time
 
-    from jobs import backlog
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.slo import backlog
 
     if (rows is None) != (deadline is None):
         raise click.UsageError("give --rows and --deadline together (or neither: the "

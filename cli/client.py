@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from cli import state
-from jobs.settings import Settings
-from jobs.status import TERMINAL
+from jobs.core.settings import Settings
+from jobs.core.status import TERMINAL
 
 
 def api_url(settings: Settings, explicit: str | None = None) -> str:

@@ -8,7 +8,7 @@ import click
 
 from cli.admin import table, when, with_admin
 from cli.client import connect_admin
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 DATASET_SCHEMES = ("s3://", "file://")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli import admin, batches, capacity, datasets, reruns, state, top
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 if TYPE_CHECKING:
     from cli.stack import Stack, StopSignals
@@ -196,8 +196,9 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
 def migrate(import_models: bool) -> None:
     """Apply database migrations (alembic upgrade head) and register the builtin models
     that ship ready to serve (their files go to the object store)."""
-    from jobs import registry, service
-    from jobs.context import Context
+    from jobs.batches import service
+    from jobs.core.context import Context
+    from jobs.fleet import registry
     from storage.db import migrate as run
 
     st = _backends(DATABASE, OBJECT_STORE)
@@ -214,10 +215,10 @@ def migrate(import_models: bool) -> None:
 
 def _import_builtins(ctx: Any, names: list[str], force: bool) -> None:
     """Import the builtin models ``names`` (their packages must be installed)."""
-    from jobs import registry
+    from jobs.fleet import registry
 
     for name in names:
-        from workers.runtime.importers import import_model  # torch: only when importing
+        from workers.models.importers import import_model  # torch: only when importing
 
         t0 = time.perf_counter()
         try:
@@ -239,8 +240,8 @@ def models() -> None:
 @click.option("--force", is_flag=True, help="import again even when already registered")
 def models_import(names: tuple[str, ...], force: bool) -> None:
     """Import builtin models NAMES (default: all) into the model repository."""
-    from jobs import registry
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.fleet import registry
 
     unknown = [n for n in names if n not in registry.BUILTIN]
     if unknown:
@@ -283,8 +284,8 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     """Publish your own model as a version of NAME: PATH is a local folder or an
     object-store URI s3://bucket/prefix/ (read with this deployment's object-store
     credentials). The folder is checked first; nothing is uploaded if it is refused."""
-    from jobs.context import Context
-    from jobs.errors import InferqError
+    from jobs.core.context import Context
+    from jobs.core.errors import InferqError
     from jobs.fleet import folders
 
     ctx = Context(_backends(DATABASE, OBJECT_STORE))
@@ -296,7 +297,7 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
         raise click.ClickException(e.message) from None
     finally:
         ctx.close()
-    from jobs import registry
+    from jobs.fleet import registry
 
     m = added.model
     engine = (("matryoshka, " if m.matryoshka else "") if kind == "embeddings"
@@ -316,8 +317,8 @@ def models_remove(name: str, version: str) -> None:
     """Retire NAME's VERSION: its registry row and its files. Refused while it is the
     default of a name with other versions, has a canary, shadow or warm pool, shares its
     files with a derived version, or a batch or job not finished names it."""
-    from jobs.context import Context
-    from jobs.errors import InferqError
+    from jobs.core.context import Context
+    from jobs.core.errors import InferqError
     from jobs.fleet import retire
 
     st = _backends(DATABASE, OBJECT_STORE)  # live workers unload it when Redis is known
@@ -337,8 +338,8 @@ def models_remove(name: str, version: str) -> None:
 def models_list() -> None:
     """List registered model versions (* marks the default of each name), their traffic
     share and the live workers holding each."""
-    from jobs import placement, registry
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.fleet import placement, registry
 
     st = _backends(DATABASE)  # residency when Redis is known too
     ctx = Context(st)
@@ -391,9 +392,9 @@ def models_rollout(name: str, version: str | None, weight: float | None,
                    shadow: float | None, promote: bool, rollback: bool) -> None:
     """Roll a version of NAME out: a canary weight, a shadow share, promote or roll back.
     Without a step, shows the rollout: traffic, residency and the shadow report."""
-    from jobs import rollout
-    from jobs.context import Context
-    from jobs.errors import InferqError
+    from jobs.core.context import Context
+    from jobs.core.errors import InferqError
+    from jobs.fleet import rollout
 
     ctx = Context(_backends(DATABASE, REDIS))
     try:
@@ -422,9 +423,9 @@ def models_pool(name: str, version: str, min_resident: int | None,
                 idle_unload_s: int | None, keep: bool) -> None:
     """The warm pool of NAME's VERSION: copies kept resident on live workers (also
     after restarts and scale-in) and when extra copies are unloaded."""
-    from jobs import rollout
-    from jobs.context import Context
-    from jobs.errors import InferqError
+    from jobs.core.context import Context
+    from jobs.core.errors import InferqError
+    from jobs.fleet import rollout
 
     if keep and idle_unload_s is not None:
         raise click.UsageError("--keep and --idle-unload exclude each other")
@@ -471,8 +472,8 @@ def _show_rollout(got: dict[str, Any]) -> None:
 def models_derive(name: str, base: str, version: str, precision: str,
                   make_default: bool) -> None:
     """Register a version of NAME that serves the files of another in PRECISION."""
-    from jobs import registry
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.fleet import registry
 
     ctx = Context(_backends(DATABASE))
     try:
@@ -491,8 +492,8 @@ def models_derive(name: str, base: str, version: str, precision: str,
 def models_default(name: str, version: str) -> None:
     """Serve VERSION under the bare NAME: all of its traffic (a live worker loads it
     on the first request, if none holds it). Batches keep the version they started on."""
-    from jobs import registry
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.fleet import registry
 
     ctx = Context(_backends(DATABASE))
     try:

@@ -8,7 +8,7 @@ import click
 
 from cli.batches import wait_for, with_client
 from cli.client import connect
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 
 @click.command()

@@ -30,12 +30,12 @@ from urllib.request import urlopen
 
 from cli.lifeline import Lifeline
 from cli.supervisor import Child
-from jobs.dispatch import lane_queues
-from jobs.settings import Settings
+from jobs.core.dispatch import lane_queues
+from jobs.core.settings import Settings
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
 if TYPE_CHECKING:
-    from jobs.context import Context
+    from jobs.core.context import Context
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KEY_FILE, ADMIN_KEY_FILE = "dev-api-key", "admin-api-key"
@@ -57,7 +57,7 @@ def _key_file(path: Path, prefix: str) -> str:
 
 def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
     queues = lane_queues({x.strip() for x in lanes.split(",")})
-    return [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+    return [sys.executable, "-m", "celery", "-A", "workers.celery.app", "worker",
             "-Q", ",".join(queues), "-c", "1", "-P", "prefork", "-n", f"{name}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel]
 
@@ -147,7 +147,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 class ForkedChild:
-    """A model worker forked from the stack's fork server (``workers.forked``), with
+    """A model worker forked from the stack's fork server (``workers.process.forked``), with
     the part of ``subprocess.Popen``'s interface that the stack and its supervisor use.
     Like a child started with ``start_new_session``, it leads its own process group."""
 
@@ -194,8 +194,8 @@ class ForkedChild:
 
 def _fork_server() -> multiprocessing.context.ForkServerContext:
     """The fork server model workers are forked from; started by the first fork, with
-    torch and the other heavy libraries imported once (``workers.warm``)."""
-    from workers import forked
+    torch and the other heavy libraries imported once (``workers.process.warm``)."""
+    from workers.process import forked
 
     ctx = multiprocessing.get_context("forkserver")
     assert isinstance(ctx, multiprocessing.context.ForkServerContext)
@@ -283,7 +283,7 @@ class Stack:
             # The simulated accelerator runs without torch: nothing to preload.
             if (forked and self.settings.fork_workers
                     and child_env.get("INFERQ_ACCELERATOR") != "simulated"):
-                from workers import forked as forked_worker
+                from workers.process import forked as forked_worker
 
                 child = _fork_server().Process(
                     target=forked_worker.run_celery, name=name,
@@ -334,8 +334,8 @@ class Stack:
         return self.log_dir / f"{name}.log"
 
     def start(self, api: bool = True, workers: bool = True) -> Stack:
-        from jobs import service
-        from jobs.context import Context
+        from jobs.batches import service
+        from jobs.core.context import Context
         from storage.db import migrate
 
         if api and not port_free(self.settings.api_host, self.port):
@@ -367,7 +367,7 @@ class Stack:
     def import_models(self, ctx: Context, timeout: float = 900) -> None:
         """Import the builtin models not registered yet, in a child process (importing
         needs torch; this launcher stays torch-free). Output: ``models-import.log``."""
-        from jobs import registry
+        from jobs.fleet import registry
 
         missing = registry.missing_builtins(ctx)
         if missing:
@@ -441,7 +441,7 @@ class Stack:
         import orjson
         import redis
 
-        from jobs.realtime import WORKERS
+        from jobs.realtime.client import WORKERS
 
         urls = {"api": self.base_url + "/metrics"} if "api" in self.procs else {}
         expected = sum(name.startswith("worker-") for name in self.procs)

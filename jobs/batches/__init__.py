@@ -3,4 +3,4 @@ that make them (``uploads``: a file sent in parts, composed in the object store 
 ordinary ``purpose=batch`` File), datasets read in place (``locations``, ``datasets``,
 ``views``) and written back as Parquet datasets (``exports``), reruns of what failed
 (``retry``) and what expires (``retention``). The Files use cases (one multipart
-``POST /v1/files``) are still ``jobs.service``'s."""
+``POST /v1/files``) are still ``jobs.batches.service``'s."""

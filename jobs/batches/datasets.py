@@ -32,14 +32,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs import catalog, outputs
-from jobs.batches import locations
-from jobs.catalog import Catalog
-from jobs.context import Context
-from jobs.errors import InvalidRequest, PermissionDenied, shown
-from jobs.limits import prompt_tokens
-from jobs.models import File, new_id, now
-from jobs.requests import (
+from jobs.batches import locations, outputs
+from jobs.batches.sharding import DATASET_COLUMN, MESSAGES_HINT, Sharder, json_messages
+from jobs.core.context import Context
+from jobs.core.errors import InvalidRequest, PermissionDenied, shown
+from jobs.core.schema import File, new_id, now
+from jobs.fleet import catalog
+from jobs.fleet.catalog import Catalog
+from jobs.protocol.requests import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -50,7 +50,7 @@ from jobs.requests import (
     parse_generation,
     parse_responses,
 )
-from jobs.sharding import DATASET_COLUMN, MESSAGES_HINT, Sharder, json_messages
+from jobs.tenants.limits import prompt_tokens
 from storage import datasets as ds
 from storage import keys
 from storage.objects import buffered

@@ -6,7 +6,7 @@ write locations) gets, when it is finalized, one Parquet part per shard
 validation), then ``_manifest.json`` (the parts, their row counts, the schema) and
 last ``_SUCCESS``: a reader that sees ``_SUCCESS`` sees every part. A part holds one
 row per request of its shard: the input's id column (under its own name), then the
-columns of the batch's Parquet output (jobs/outputs.py). Its rows are those the
+columns of the batch's Parquet output (jobs/batches/outputs.py). Its rows are those the
 shard's checkpoints committed (late writes of fenced-off attempts are never read)
 and an error row for each request the shard never ran, so every id is there once.
 A finalize that runs again rewrites the same parts.
@@ -22,12 +22,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs import outputs
-from jobs import repository as repo
+from jobs.batches import outputs
 from jobs.batches.datasets import Manifest
 from jobs.batches.views import read_shard
-from jobs.models import Batch, Shard, now
-from jobs.status import ShardStatus
+from jobs.core import queries as repo
+from jobs.core.schema import Batch, Shard, now
+from jobs.core.status import ShardStatus
 from storage import datasets as ds
 from storage import keys
 from storage.objects import CHUNK, ObjectNotFound, ObjectStore

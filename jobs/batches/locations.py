@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, shown
-from jobs.models import DataLocation, new_id, now
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, shown
+from jobs.core.schema import DataLocation, new_id, now
 from storage.datasets import BadLocation, Location, parse
 
 ACCESS = ("read", "write", "read_write")

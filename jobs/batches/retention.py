@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import delete, exists, select
 
-from jobs.context import Context
-from jobs.models import (
+from jobs.core.context import Context
+from jobs.core.schema import (
     Batch,
     File,
     IdempotencyKey,
@@ -37,7 +37,7 @@ from jobs.models import (
     WebhookEvent,
     now,
 )
-from jobs.status import TERMINAL, DeliveryStatus
+from jobs.core.status import TERMINAL, DeliveryStatus
 from storage import keys
 
 DAY = 86400

@@ -30,14 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from jobs import outputs, service
-from jobs import repository as repo
+from jobs.batches import outputs, service
 from jobs.batches.views import read_shard
-from jobs.context import Context
-from jobs.errors import Conflict, InvalidRequest, NotFound
-from jobs.models import Batch, File, Shard
-from jobs.requests import BatchCreate, ExpiresAfter
-from jobs.status import TERMINAL
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.errors import Conflict, InvalidRequest, NotFound
+from jobs.core.schema import Batch, File, Shard
+from jobs.core.status import TERMINAL
+from jobs.protocol.requests import BatchCreate, ExpiresAfter
 from storage.objects import CHUNK, ObjectNotFound
 from storage.parquet import read_rows, write_rows
 

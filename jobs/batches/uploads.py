@@ -34,12 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from jobs.context import Context
-from jobs.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
-from jobs.models import File, Upload, UploadPart, new_id, now
-from jobs.requests import ExpiresAfter
-from jobs.service import UPLOAD_PURPOSES
-from jobs.status import UploadStatus
+from jobs.batches.service import UPLOAD_PURPOSES
+from jobs.core.context import Context
+from jobs.core.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
+from jobs.core.schema import File, Upload, UploadPart, new_id, now
+from jobs.core.status import UploadStatus
+from jobs.protocol.requests import ExpiresAfter
 from storage import keys
 from storage.objects import MAX_PARTS, MIN_PART, Digest, ObjectStore, PartsGone, PartsInPlace
 from storage.parquet import is_parquet

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from jobs import outputs
+from jobs.batches import outputs
 from jobs.batches.datasets import (
     READ_ROWS,
     Bad,
@@ -46,10 +46,10 @@ from jobs.batches.datasets import (
     shard_dataset,
     text_hashes,
 )
-from jobs.catalog import Catalog
-from jobs.errors import InvalidRequest, shown
-from jobs.models import Shard
-from jobs.sharding import DatasetReader, Sharder
+from jobs.batches.sharding import DatasetReader, Sharder
+from jobs.core.errors import InvalidRequest, shown
+from jobs.core.schema import Shard
+from jobs.fleet.catalog import Catalog
 from storage import datasets as ds
 from storage.objects import ObjectStore
 from storage.parquet import read_rows

@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jobs import registry
-from jobs.context import Context
-from jobs.errors import Conflict, InvalidRequest, shown
-from jobs.models import Model
+from jobs.core.context import Context
+from jobs.core.errors import Conflict, InvalidRequest, shown
+from jobs.core.schema import Model
+from jobs.fleet import registry
 from storage.objects import ObjectStore, open_store
 
 KINDS = ("embeddings", "chat", "completions")

@@ -16,7 +16,7 @@ The checks and the row's deletion are one transaction under the name's registry 
 so no registration, rollout step or derivation of the name runs between them. New work
 cannot be routed to a version that is neither the default nor a canary (batches pin the
 default, requests and jobs go to the default or a canary), except by an API process
-whose routing snapshot is older than ``jobs.rollout.TTL_S``; such work fails with
+whose routing snapshot is older than ``jobs.fleet.rollout.TTL_S``; such work fails with
 ``model_not_found``/``model_not_loaded`` rather than being answered by another version.
 
 Then its objects go: the manifest first (the store no longer claims the version is
@@ -31,11 +31,11 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from jobs import placement, registry
-from jobs.context import Context
-from jobs.errors import Conflict, NotFound, shown
-from jobs.models import Batch, Job, Model
-from jobs.status import TERMINAL, JobStatus
+from jobs.core.context import Context
+from jobs.core.errors import Conflict, NotFound, shown
+from jobs.core.schema import Batch, Job, Model
+from jobs.core.status import TERMINAL, JobStatus
+from jobs.fleet import placement, registry
 from storage import keys
 
 IN_USE = "model_version_in_use"

@@ -4,7 +4,7 @@
 constrains the answer to JSON valid for ``schema``; ``{"type": "json_object"}`` to one JSON
 object; ``{"type": "text"}`` is the default (no constraint). Both engines enforce it with
 llguidance, by masking the tokens that cannot continue a valid answer at each step: the
-transformers engine through its own matcher per sequence (``workers.generation``), vLLM
+transformers engine through its own matcher per sequence (``workers.engines.generation``), vLLM
 through its guidance backend. The same library checks a schema here, where the request
 is parsed (the API, batch validation; llguidance needs no torch): a schema it cannot
 compile is a 400 that says why, before anything runs. An answer cut by ``max_tokens``

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jobs.errors import InvalidRequest, shown
+from jobs.core.errors import InvalidRequest, shown
 from jobs.protocol.structured import Constraint, compile_error
 
 STRICT = ConfigDict(extra="forbid", strict=True)

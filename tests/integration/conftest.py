@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobs.context import Context
+from jobs.core.context import Context
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 
 CHUNK = 40
@@ -90,9 +90,8 @@ def fvllm_tiny(fstack, fctx, tmp_path_factory) -> str:  # type: ignore[no-untype
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from jobs import registry
-    from jobs.fleet import folders
-    from workers.runtime.cache import tokenizer_dir
+    from jobs.fleet import folders, registry
+    from workers.models.cache import tokenizer_dir
 
     name = "tiny-llama-vllm"
     if registry.get_default(fctx, name) is not None:

@@ -52,9 +52,9 @@ def held_models(embeddings: tuple[tuple[Any, Any], ...] = (),
     refuses to load anything else."""
     from typing import cast
 
-    from jobs.context import Context
-    from jobs.models import Model
-    from workers.residency import Residency, Resident
+    from jobs.core.context import Context
+    from jobs.core.schema import Model
+    from workers.models.residency import Residency, Resident
 
     def no_loads(m: Model) -> Resident:
         raise AssertionError(f"{m.name} must not be loaded")

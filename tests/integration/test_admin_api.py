@@ -16,9 +16,9 @@ from openai import OpenAI
 from sqlalchemy import select, update
 from werkzeug.serving import make_server
 
-from jobs.context import Context
-from jobs.models import ApiKey, RateLimit, Tenant
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.schema import ApiKey, RateLimit, Tenant
+from jobs.core.settings import Settings
 
 MODEL = "all-MiniLM-L6-v2"
 ORG = "/v1/organization"
@@ -27,7 +27,7 @@ ORG = "/v1/organization"
 @pytest.fixture(scope="module")
 def servers(settings: Settings, tenant_key: str) -> Iterator[list[str]]:
     """Two API apps (create_app each, own Context) on threaded HTTP servers."""
-    from api import create_app
+    from api.app import create_app
 
     running = []
     for _ in range(2):
@@ -316,8 +316,8 @@ def test_a_project_name_is_unique(admin: Any) -> None:
 
 def test_rate_limits_report_what_is_enforced(settings: Settings, admin_key: str) -> None:
     """No value of the project's: the deployment's default; 0: no limit; null: back to
-    the default (as jobs.limits decides)."""
-    from api import create_app
+    the default (as jobs.tenants.limits decides)."""
+    from api.app import create_app
 
     st = settings.model_copy(update={"default_max_requests_per_1_minute": 50,
                                      "default_max_requests_per_1_day": 777})
@@ -343,7 +343,7 @@ def test_rate_limits_report_what_is_enforced(settings: Settings, admin_key: str)
 def test_a_key_without_service_account_is_listed_in_strict_shape(admin: Any, ctx: Context,
                                                                   tenant_key: str) -> None:
     """Keys made outside the Admin API (``inferq up``'s dev key) have no owner to name."""
-    from jobs import service
+    from jobs.batches import service
 
     who = service.authenticate(ctx, tenant_key)
     k = admin.projects.api_keys.retrieve(who.api_key_id, project_id=who.tenant_id)

@@ -25,9 +25,11 @@ import redis as redis_lib
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import admission, realtime, service
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.realtime import client as realtime
+from jobs.slo import admission
 
 MODEL = "all-MiniLM-L6-v2"
 # μ = 20/s, a first step of 50 ms, objective 0.5 s at p99: the wait budget 0.45 s holds
@@ -117,7 +119,7 @@ def decisions(app: Any, decision: str) -> float:
 
 
 def test_overload_is_refused_with_retry_after_while_jobs_are_accepted(env) -> None:  # type: ignore[no-untyped-def]
-    from api import create_app
+    from api.app import create_app
 
     app, r, key = create_app(env["settings"]), env["r"], env["key"]
     rejected_before = decisions(app, admission.REJECTED)
@@ -150,7 +152,7 @@ def test_overload_is_refused_with_retry_after_while_jobs_are_accepted(env) -> No
 
 
 def test_no_objective_refuses_nothing(env) -> None:  # type: ignore[no-untyped-def]
-    from api import create_app
+    from api.app import create_app
 
     st = env["settings"].model_copy(update={"realtime_ttft_slo_s": 0.0})
     app, r, key = create_app(st), env["r"], env["key"]
@@ -165,7 +167,7 @@ def test_no_objective_refuses_nothing(env) -> None:  # type: ignore[no-untyped-d
 def test_arrivals_and_requests_in_the_system_are_shared_by_api_processes(env) -> None:  # type: ignore[no-untyped-def]
     """Two app instances (two API processes' worth of state): one count of arrivals,
     one of requests in the system, so B refuses what A's requests fill."""
-    from api import create_app
+    from api.app import create_app
 
     a, b, r, key = create_app(env["settings"]), create_app(env["settings"]), env["r"], env["key"]
     before = admission.lane_state(r, MODEL, 30).arrivals
@@ -189,7 +191,7 @@ def test_arrivals_and_requests_in_the_system_are_shared_by_api_processes(env) ->
 def test_desired_workers_on_metrics(env) -> None:  # type: ignore[no-untyped-def]
     """At λ = 40/s with μ = 20/s per worker the lane needs more than 2 workers (ρ < 1)
     and as many as the stationary p99 wait within 0.45 s asks for."""
-    from api import create_app
+    from api.app import create_app
 
     r = env["r"]
     now = int(r.time()[0])

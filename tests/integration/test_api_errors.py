@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.settings import Settings
 from tests.integration.helpers import emb_line, jsonl
 
 
@@ -72,7 +72,7 @@ def test_batch_create_problems(client, other_tenant_key, app) -> None:  # type: 
 
 
 def test_output_file_is_not_a_batch_input(client, ctx) -> None:  # type: ignore[no-untyped-def]
-    from jobs.models import File, new_id, now
+    from jobs.core.schema import File, new_id, now
 
     tenant = client.get("/v1/files")  # authenticates; find the tenant through a file
     assert tenant.status_code == 200
@@ -124,8 +124,8 @@ def test_models_listed(client) -> None:  # type: ignore[no-untyped-def]
 def own_client(own_settings: Settings) -> Iterator[tuple[Any, Context]]:
     """An app and a tenant on a database and Redis DB of their own: the batch this
     test makes must not be validated or run by a stack's workers meanwhile."""
-    from api import create_app
-    from jobs import service
+    from api.app import create_app
+    from jobs.batches import service
 
     ctx = Context(own_settings)
     key = service.create_tenant(ctx, "cancel")[1]
@@ -136,7 +136,7 @@ def own_client(own_settings: Settings) -> Iterator[tuple[Any, Context]]:
 
 
 def test_cancel_of_finished_batch_is_409(own_client: tuple[Any, Context]) -> None:
-    from jobs.models import Batch
+    from jobs.core.schema import Batch
 
     client, ctx = own_client
     fid = upload(client, jsonl([emb_line(0, "x")])).get_json()["id"]

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 from storage.embedded import EmbeddedPostgres
 
 
 @pytest.mark.slow
 def test_postgres_restart_is_503_then_recovers(tmp_path: Path, own_redis_url: str) -> None:
     """A private PostgreSQL (never the machine's) is stopped and started again."""
-    from api import create_app
-    from jobs import service
-    from jobs.context import Context
+    from api.app import create_app
+    from jobs.batches import service
+    from jobs.core.context import Context
     from storage.db import migrate
 
     pg = EmbeddedPostgres(tmp_path / "pg")
@@ -108,7 +108,7 @@ def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, work
     assert b.status == "failed" and b.request_counts.failed == 30
     assert b.errors is not None and b.errors.data[0].code == "shard_unreadable"
     assert "NoSuchKey" in b.errors.data[0].message or "not" in b.errors.data[0].message
-    from jobs.models import Shard
+    from jobs.core.schema import Shard
 
     with fctx.db.session() as s:
         sh = s.get(Shard, f"{b.id}.000000")

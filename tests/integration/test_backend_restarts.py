@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from jobs.context import Context
+from jobs.core.context import Context
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 from tests.conftest import AWS_ENV, free_port
 from tests.integration.conftest import CHUNK

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import admission, backlog, service
-from jobs.context import Context
-from jobs.models import Batch, File, Shard, new_id
-from jobs.settings import Settings
-from jobs.status import BatchStatus, ShardStatus
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Shard, new_id
+from jobs.core.settings import Settings
+from jobs.core.status import BatchStatus, ShardStatus
+from jobs.slo import admission, backlog
 
 MODEL = "all-MiniLM-L6-v2"
 TOKEN = "backlog-metrics-token"
@@ -146,7 +147,7 @@ def scrape(app: Any) -> dict[str, float]:
 
 def test_desired_workers_of_the_batch_lanes_on_metrics(bctx: Context,
                                                        fleet: dict[str, Any]) -> None:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(bctx.settings)
     assert scrape(app) == {"realtime": 0.0, "batch": 3.0, "flex": 3.0}

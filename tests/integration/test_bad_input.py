@@ -408,7 +408,7 @@ def test_liveness_needs_nothing_and_readiness_says_what_it_serves(settings, own_
     """On a Redis DB no worker heartbeats into (a session stack's workers may be live
     on the session's): alive, and ready to take work (batches and jobs wait for
     workers), serving no lane; ready for a lane only with a live worker on it."""
-    from api import create_app
+    from api.app import create_app
 
     client = create_app(settings.model_copy(update={"redis_url": own_redis_url})).test_client()
     health = client.get("/healthz")

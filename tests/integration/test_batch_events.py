@@ -20,12 +20,12 @@ from typing import Any
 import httpx2
 import pytest
 
-from jobs import progress, service
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.models import Batch, File, Shard, new_id, now
-from jobs.outputs import Tokens
-from jobs.settings import Settings
+from jobs.batches import progress, service
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Shard, new_id, now
+from jobs.core.settings import Settings
 from tests.integration.helpers import emb_line, jsonl, upload, wait
 
 
@@ -131,7 +131,7 @@ class Own:
 
 @pytest.fixture
 def own(own_settings: Settings) -> Iterator[Own]:
-    from api import create_app
+    from api.app import create_app
 
     st = own_settings.model_copy(update={"events_poll_s": 0.02, "events_keepalive_s": 0.4,
                                          "events_max_s": 60.0})

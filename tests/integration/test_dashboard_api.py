@@ -16,12 +16,15 @@ from typing import Any
 import pytest
 import redis
 
-from jobs import catalog, realtime, registry, service, stats
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.models import Batch, now
-from jobs.outputs import Tokens
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.schema import Batch, now
+from jobs.core.settings import Settings
+from jobs.fleet import catalog, registry
+from jobs.realtime import client as realtime
+from jobs.slo import stats
 from tests.integration.helpers import emb_line, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
@@ -141,7 +144,7 @@ class Own:
 
 @pytest.fixture
 def own(own_settings: Settings) -> Iterator[Own]:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(own_settings.model_copy(update={"shard_rows": 100, "chunk_rows": 50}))
     ctx: Context = app.extensions["inferq"]

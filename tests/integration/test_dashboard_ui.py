@@ -3,7 +3,7 @@ Playwright, against the API served over HTTP on a database and Redis DB of this
 module's own.
 
 Batches are made and advanced by hand: the rows as validation writes them, the counts
-through the workers' own fenced checkpoint (``jobs.repository.checkpoint``), so the
+through the workers' own fenced checkpoint (``jobs.core.queries.checkpoint``), so the
 page's numbers move as they do under real workers, with no model worker running. Every
 test fails on any console message or page error it did not expect, and leaves a
 screenshot in tests/artifacts/ (INFERQ_UPDATE_SCREENSHOT=1 also writes the README's
@@ -30,11 +30,13 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 from werkzeug.serving import make_server
 
-from jobs import realtime, service, stats
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.models import Batch, File, Shard, new_id, now
-from jobs.outputs import Tokens
+from jobs.batches import service
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Shard, new_id, now
+from jobs.realtime import client as realtime
+from jobs.slo import stats
 from tests.conftest import RedisDatabases, fresh_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +109,7 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(settings: Any, pg_admin_url: str, redis_dbs: RedisDatabases) -> Iterator[Site]:
-    from api import create_app
+    from api.app import create_app
 
     with fresh_database(pg_admin_url) as db_url, redis_dbs.lend() as redis_url:
         st = settings.model_copy(update={"database_url": db_url, "redis_url": redis_url,

@@ -20,11 +20,11 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch as BatchObject
 
-from jobs import catalog, registry, service
-from jobs import repository as repo
-from jobs.batches import locations
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.batches import locations, service
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.fleet import catalog, registry
 from tests.integration.test_reruns import run
 
 MODEL = "all-MiniLM-L6-v2"
@@ -33,7 +33,7 @@ BASE = "http://inferq.test"
 
 @pytest.fixture
 def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(own_settings.model_copy(update={"shard_rows": 40, "chunk_rows": 20}))
     ctx: Context = app.extensions["inferq"]
@@ -139,7 +139,7 @@ def test_a_templated_dataset_in_place_becomes_an_output_dataset(
     # The rendered template is what was embedded: row 1's text, embedded alone, matches.
     vec = con.execute("select embedding from out where review_id = '1'").fetchone()
     assert vec is not None
-    from workers.runtime.token_count import embedding_ids
+    from workers.models.token_count import embedding_ids
 
     direct = minilm.embed(embedding_ids(minilm.tokenizer, ["Review: title 1\nbody of review 1"]))[0]
     assert max(abs(a - b) for a, b in zip(vec[0], direct, strict=True)) < 1e-4

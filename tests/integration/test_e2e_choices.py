@@ -72,8 +72,8 @@ def smol_token() -> int:
     """" cat" in SmolLM2's tokenizer (one token)."""
     from transformers import AutoTokenizer
 
-    from jobs.settings import default_cache_dir
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from jobs.core.settings import default_cache_dir
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     tok = AutoTokenizer.from_pretrained(str(converted_dir(default_cache_dir(), MODEL, "1",
                                                           smollm2_gguf())))

@@ -15,9 +15,11 @@ import openai
 import pytest
 from sqlalchemy import delete
 
-from jobs import asyncjobs, catalog, realtime, registry
-from jobs.context import Context
-from jobs.models import Model
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core.context import Context
+from jobs.core.schema import Model
+from jobs.fleet import catalog, registry
+from jobs.realtime import client as realtime
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow

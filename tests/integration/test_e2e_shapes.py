@@ -15,10 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import errors, finalize, outputs, shapes
-from jobs.context import Context
-from jobs.models import Batch, File, Shard, Tenant, new_id
-from jobs.status import BatchStatus, ShardStatus
+from jobs.batches import finalize, outputs
+from jobs.core import errors
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Shard, Tenant, new_id
+from jobs.core.status import BatchStatus, ShardStatus
+from jobs.protocol import shapes
 from storage import keys
 from tests.integration.helpers import jsonl, lines, upload, wait
 

@@ -27,9 +27,8 @@ from openai._models import validate_type
 from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from jobs import registry
-from jobs.context import Context
-from jobs.fleet import folders
+from jobs.core.context import Context
+from jobs.fleet import folders, registry
 from tests.integration.helpers import jsonl, lines, served, upload, wait
 from tests.unit.test_tools import HERMES, SCHEMAS, TOOLS
 
@@ -48,7 +47,7 @@ def tool_llama(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from workers.runtime.cache import tokenizer_dir
+    from workers.models.cache import tokenizer_dir
 
     ctx = Context(stack.settings)
     try:

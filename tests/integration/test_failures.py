@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from jobs.models import Shard
+from jobs.core.schema import Shard
 from tests.integration.conftest import CHUNK
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 
@@ -180,7 +180,7 @@ def test_sigterm_drains_a_vllm_worker_at_a_chunk(  # type: ignore[no-untyped-def
 def redeliver(fctx, shard_id: str) -> str:  # type: ignore[no-untyped-def]
     """Sends the shard's task once more, as a broker redelivery would; returns the
     message's task id."""
-    from jobs.dispatch import TASK_SHARD
+    from jobs.core.dispatch import TASK_SHARD
 
     task_id = f"redelivery-{uuid.uuid4()}"
     fctx.dispatcher.app.send_task(TASK_SHARD, args=[shard_id], queue="batch", task_id=task_id)
@@ -228,7 +228,7 @@ def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # 
 
 
 def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
-    from jobs.models import Batch
+    from jobs.core.schema import Batch
 
     rows = batch_rows(1200)
     workers("e1")

@@ -1,4 +1,4 @@
-"""Fair dispatch of batch shards (jobs/fairshare.py) against real PostgreSQL, Redis and
+"""Fair dispatch of batch shards (jobs/batches/fairshare.py) against real PostgreSQL, Redis and
 S3: concurrent dispatchers fill a lane exactly, the round and the projects' weights
 hold across dispatchers, and, through a stack with a worker, a small batch of one
 project runs while another project's large batch is still running.
@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from jobs import fairshare, realtime, service
-from jobs.context import Context
-from jobs.models import Batch, DispatchDeficit, File, Shard, Tenant, new_id
-from jobs.settings import Settings
-from jobs.status import BatchStatus, ShardStatus
+from jobs.batches import fairshare, service
+from jobs.core.context import Context
+from jobs.core.schema import Batch, DispatchDeficit, File, Shard, Tenant, new_id
+from jobs.core.settings import Settings
+from jobs.core.status import BatchStatus, ShardStatus
+from jobs.realtime import client as realtime
 from tests.conftest import AWS_ENV, free_port
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 from tests.integration.test_janitor import sent
@@ -68,7 +69,7 @@ def waiting_batch(ctx: Context, tenant_id: str, n: int, rows: int = 100) -> list
 
 
 def announce_slots(ctx: Context, n: int, lanes: list[str]) -> None:
-    """``n`` model workers' heartbeats (as workers.heartbeat writes them)."""
+    """``n`` model workers' heartbeats (as workers.process.heartbeat writes them)."""
     for i in range(n):
         realtime.heartbeat(ctx.redis, f"test-worker-{i}", {
             "name": f"test-worker-{i}", "lanes": lanes, "breaker": "closed", "models": []},

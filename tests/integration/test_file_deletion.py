@@ -8,14 +8,14 @@ import io
 
 from sqlalchemy import update
 
-from jobs import service
-from jobs.context import Context
-from jobs.models import Batch
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Batch
+from jobs.core.settings import Settings
 
 
 def test_a_file_a_batch_uses_is_kept_until_the_batch_ends(own_settings: Settings) -> None:
-    from api import create_app
+    from api.app import create_app
 
     ctx = Context(own_settings)
     try:

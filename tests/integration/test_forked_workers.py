@@ -1,5 +1,5 @@
 """A stack's model workers are forked from a fork server that imported torch once
-(``workers.forked``): each starts with those imports done, its own environment,
+(``workers.process.forked``): each starts with those imports done, its own environment,
 working directory, log and process group, and the stack sees it like a Popen."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli.stack import ROOT, ForkedChild, Stack
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 PROBE = [sys.executable, "-m", "tests.integration.forked_probe"]
 

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from jobs import asyncjobs, realtime
-from jobs.context import Context
-from jobs.dispatch import shard_queue
-from jobs.models import Shard
-from jobs.settings import Settings
-from jobs.status import ShardOutcome, ShardStatus
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core.context import Context
+from jobs.core.dispatch import shard_queue
+from jobs.core.schema import Shard
+from jobs.core.settings import Settings
+from jobs.core.status import ShardOutcome, ShardStatus
+from jobs.realtime import client as realtime
 from tests.integration.helpers import held_models
 from tests.integration.test_janitor import make_batch, sent
 
@@ -31,7 +32,7 @@ def hctx(own_settings: Settings) -> Iterator[Context]:
 
 
 def test_a_realtime_request_goes_back_to_the_head_of_its_queue(hctx: Context) -> None:
-    from workers.realtime_lane import RealtimeConsumer
+    from workers.lanes.realtime import RealtimeConsumer
 
     r: redis_lib.Redis = hctx.redis  # type: ignore[type-arg]
     lane = RealtimeConsumer(r, held_models(), 100, allow=lambda: True)
@@ -44,7 +45,7 @@ def test_a_realtime_request_goes_back_to_the_head_of_its_queue(hctx: Context) ->
 
 
 def test_a_job_goes_back_to_the_head_of_its_list(hctx: Context) -> None:
-    from workers.jobs_lane import JobsConsumer
+    from workers.lanes.jobs import JobsConsumer
 
     r: redis_lib.Redis = hctx.redis  # type: ignore[type-arg]
     lane = JobsConsumer(hctx, held_models(), "test-worker", allow=lambda: True)
@@ -57,9 +58,9 @@ def test_a_job_goes_back_to_the_head_of_its_list(hctx: Context) -> None:
 
 
 def test_a_shard_is_sent_again_unclaimed(hctx: Context) -> None:
-    from workers.batch_lane import run_shard
-    from workers.breaker import Breaker
-    from workers.worker_runtime import WorkerRuntime
+    from workers.lanes.batch import run_shard
+    from workers.process.breaker import Breaker
+    from workers.process.runtime import WorkerRuntime
 
     name, version = GONE.split("@")
     [sid] = make_batch(hctx, [{}], model=name, model_version=version)

@@ -18,11 +18,11 @@ from openai import OpenAI
 from sqlalchemy import update
 
 from cli.stack import Stack
-from jobs import progress, service
-from jobs.context import Context
-from jobs.models import Batch
-from jobs.requests import BatchCreate
-from jobs.settings import Settings
+from jobs.batches import progress, service
+from jobs.core.context import Context
+from jobs.core.schema import Batch
+from jobs.core.settings import Settings
+from jobs.protocol.requests import BatchCreate
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, upload
 

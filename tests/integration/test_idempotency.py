@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from jobs.models import Batch, File
+from jobs.core.schema import Batch, File
 from tests.integration.helpers import emb_line, jsonl
 
 

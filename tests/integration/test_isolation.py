@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from jobs import service, tenants, webhooks
-from jobs.context import Context
-from jobs.models import Upload, UploadPart
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Upload, UploadPart
+from jobs.tenants import projects as tenants
+from jobs.webhooks import events as webhooks
 from tests.integration.helpers import emb_line, jsonl
 
 ORG = "/v1/organization/projects"

@@ -15,13 +15,14 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from jobs import fairshare, janitor, realtime, service
-from jobs.context import Context
-from jobs.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatcher, make_celery
-from jobs.models import Batch, File, Shard, new_id
-from jobs.outputs import Tokens
-from jobs.settings import Settings
-from jobs.status import BatchStatus, ShardStatus
+from jobs.batches import fairshare, janitor, service
+from jobs.batches.outputs import Tokens
+from jobs.core.context import Context
+from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatcher, make_celery
+from jobs.core.schema import Batch, File, Shard, new_id
+from jobs.core.settings import Settings
+from jobs.core.status import BatchStatus, ShardStatus
+from jobs.realtime import client as realtime
 from tests.conftest import free_port
 
 
@@ -128,7 +129,7 @@ def test_lapsed_lease_is_handed_back_and_sent(jctx) -> None:  # type: ignore[no-
 
 
 def test_claims_count_attempts_in_a_row_without_progress(jctx) -> None:  # type: ignore[no-untyped-def]
-    from jobs import repository as repo
+    from jobs.core import queries as repo
 
     (sid,) = make_batch(jctx, [{"status": ShardStatus.QUEUED}])
 
@@ -218,7 +219,7 @@ def waiting_batch(ctx: Context, n: int, **batch: object) -> list[str]:
 
 
 def announce_worker(ctx: Context, name: str, lanes: list[str]) -> None:
-    """A model worker's heartbeat, as workers.heartbeat writes it: one slot on its lanes."""
+    """A model worker's heartbeat, as workers.process.heartbeat writes it: one slot on its lanes."""
     realtime.heartbeat(ctx.redis, name, {"name": name, "lanes": lanes, "breaker": "closed",
                                          "models": []}, ttl_s=30)
 

@@ -9,13 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs import janitor, realtime
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.janitor import holders_without_heartbeat
-from jobs.outputs import Tokens
-from jobs.settings import Settings
-from jobs.status import ShardStatus
+from jobs.batches import janitor
+from jobs.batches.janitor import holders_without_heartbeat
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.core.status import ShardStatus
+from jobs.realtime import client as realtime
 from tests.integration.test_janitor import make_batch, sent, status
 
 
@@ -80,7 +81,7 @@ def test_missing_heartbeats_are_not_trusted_from_a_redis_that_just_started() -> 
 def test_a_poked_heartbeat_beats_at_once_and_stops_at_once(hctx: Context) -> None:
     """What a worker holds changed: its next beat does not wait for the tick (placement
     reads residency from heartbeats), and stopping does not wait for it either."""
-    from workers.heartbeat import Heartbeat
+    from workers.process.heartbeat import Heartbeat
 
     held = ["m@1"]
     beat = Heartbeat(hctx.redis, "poked-worker", lambda: {"resident": list(held)},

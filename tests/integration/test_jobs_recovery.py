@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from jobs import asyncjobs, service
-from jobs.context import Context
-from jobs.models import Job
-from jobs.settings import Settings
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Job
+from jobs.core.settings import Settings
 
 
 @pytest.fixture

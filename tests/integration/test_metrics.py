@@ -12,8 +12,8 @@ from urllib.request import Request, urlopen
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import service
-from jobs.context import Context
+from jobs.batches import service
+from jobs.core.context import Context
 from tests.integration.helpers import emb_line, jsonl, lines, upload
 
 pytestmark = pytest.mark.slow

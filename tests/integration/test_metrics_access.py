@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import service
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.settings import Settings
 
 TOKEN = "iq-metrics-" + secrets.token_urlsafe(16)
 
 
 @pytest.fixture
 def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
-    from api import create_app
+    from api.app import create_app
 
     st = own_settings.model_copy(update={"metrics_token": TOKEN})
     ctx = Context(st)
@@ -82,7 +82,7 @@ def test_the_token_and_an_admin_key_read_the_metrics(env: dict[str, Any]) -> Non
 
 
 def test_without_a_token_only_an_admin_key_reads_them(env: dict[str, Any]) -> None:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(env["settings"].model_copy(update={"metrics_token": ""}))
     assert get_metrics(app, None).status_code == 401

@@ -13,7 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from jobs.models import Base
+from jobs.core.schema import Base
 from storage.db import alembic_config, downgrade, migrate, normalize_url
 
 TABLES = {"models", "tenants", "api_keys", "files", "batches", "shards"}
@@ -74,7 +74,7 @@ def test_upgrade_downgrade_upgrade_roundtrip(fresh_db: str) -> None:
             diff = compare_metadata(MigrationContext.configure(c), Base.metadata)
     finally:
         eng.dispose()
-    assert diff == [], "migrations and jobs/models.py disagree"
+    assert diff == [], "migrations and jobs/core/schema.py disagree"
     head = ScriptDirectory.from_config(alembic_config(fresh_db)).get_current_head()
     eng = create_engine(fresh_db)
     try:

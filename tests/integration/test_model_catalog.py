@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import delete
 
-from jobs import catalog, registry
-from jobs.context import Context
-from jobs.models import Model
+from jobs.core.context import Context
+from jobs.core.schema import Model
+from jobs.fleet import catalog, registry
 from tests.integration.helpers import emb_line, jsonl
 
 SUFFIX = secrets.token_hex(3)

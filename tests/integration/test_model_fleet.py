@@ -28,10 +28,10 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import delete
 
-from jobs import catalog, placement, registry, shadow
-from jobs.context import Context
-from jobs.models import Model
-from jobs.realtime import live_workers
+from jobs.core.context import Context
+from jobs.core.schema import Model
+from jobs.fleet import catalog, placement, registry, shadow
+from jobs.realtime.client import live_workers
 from tests.integration.helpers import emb_line, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import delete
 
-from jobs import registry
-from jobs.context import Context
-from jobs.models import Model
+from jobs.core.context import Context
+from jobs.core.schema import Model
+from jobs.fleet import registry
 from storage import keys
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ SMOL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def imported(ctx: Context) -> dict[str, Model]:
-    from workers.runtime.importers import import_model
+    from workers.models.importers import import_model
 
     out = {}
     for name in (MINILM, SMOL):
@@ -104,7 +104,7 @@ def test_smollm2_repository_layout(ctx: Context, imported: dict[str, Model]) -> 
 
 def test_second_import_is_a_no_op(ctx: Context, imported: dict[str, Model],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.runtime.importers import import_model
+    from workers.models.importers import import_model
 
     def no_writes(*_: Any) -> int:
         raise AssertionError("a registered model was uploaded again")
@@ -121,7 +121,7 @@ def test_second_import_is_a_no_op(ctx: Context, imported: dict[str, Model],
 
 def test_cache_materializes_once(private_ctx: Context, imported: dict[str, Model],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.runtime import cache
+    from workers.models import cache
 
     m = imported[MINILM]
     path = cache.local_dir(private_ctx, m)
@@ -146,7 +146,7 @@ def test_cache_materializes_once(private_ctx: Context, imported: dict[str, Model
 
 
 def test_cache_is_all_or_nothing(private_ctx: Context, imported: dict[str, Model]) -> None:
-    from workers.runtime import cache
+    from workers.models import cache
 
     real = imported[MINILM]
     files = [dict(f) for f in real.files]
@@ -165,7 +165,7 @@ def test_the_control_worker_fetches_the_tokenizer_alone(private_ctx: Context,
                                                        imported: dict[str, Model]) -> None:
     """Counting a batch's prompt tokens downloads a version's tokenizer files (hashes
     checked), never its weights; a host that holds the whole version uses that copy."""
-    from workers.runtime import cache, token_count
+    from workers.models import cache, token_count
 
     for name in (MINILM, SMOL):
         m = imported[name]
@@ -191,7 +191,7 @@ def test_the_control_worker_fetches_the_tokenizer_alone(private_ctx: Context,
 
 def test_concurrent_workers_share_one_copy(private_ctx: Context,
                                            imported: dict[str, Model]) -> None:
-    from workers.runtime import cache
+    from workers.models import cache
 
     m = imported[MINILM]
     results: list[Path] = []
@@ -218,7 +218,7 @@ def test_smollm2_loads_from_cache_and_answers(ctx: Context,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.runtime import cache
+    from workers.models import cache
 
     path = cache.local_dir(ctx, imported[SMOL])
     times = []
@@ -243,8 +243,8 @@ def test_smollm2_loads_from_cache_and_answers(ctx: Context,
 def test_minilm_loads_from_cache(ctx: Context, imported: dict[str, Model]) -> None:
     import numpy as np
 
-    from workers.runtime import cache
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models import cache
+    from workers.models.embeddings import EmbeddingModel
 
     cached = EmbeddingModel(MINILM, path=cache.local_dir(ctx, imported[MINILM]))
     packaged = EmbeddingModel(MINILM)

@@ -26,8 +26,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.openapi import _ARG, MEDIA, OK
-from jobs import registry, service
+from api.routes.openapi import _ARG, MEDIA, OK
+from jobs.batches import service
+from jobs.fleet import registry
 from tests.conftest import fresh_database
 
 EXAMPLES = 5
@@ -42,7 +43,7 @@ CHECKS = [status_code_conformance, content_type_conformance, response_schema_con
 def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """An app on a database, Redis DB and object-store prefix of this module's own, a
     project key and an admin key of it."""
-    from api import create_app
+    from api.app import create_app
 
     with fresh_database(pg_admin_url) as url, redis_dbs.lend() as redis_url:
         st = settings.model_copy(update={

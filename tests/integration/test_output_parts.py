@@ -25,17 +25,17 @@ import orjson
 import pytest
 from sqlalchemy import update
 
-from jobs import finalize, outputs, service
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.models import Batch, File, Shard, new_id
-from jobs.outputs import Tokens
-from jobs.settings import Settings
-from jobs.status import BatchStatus, ShardOutcome, ShardStatus
+from jobs.batches import finalize, outputs, service
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Shard, new_id
+from jobs.core.settings import Settings
+from jobs.core.status import BatchStatus, ShardOutcome, ShardStatus
 from storage import keys
 from storage.parquet import shard_bytes
-from workers.pipeline import process_shard
-from workers.runners import Chunk, Lines
+from workers.shards.pipeline import process_shard
+from workers.shards.runners import Chunk, Lines
 
 ROWS = 10
 

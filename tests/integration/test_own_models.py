@@ -29,10 +29,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import delete, update
 
-from jobs import catalog, registry, service
-from jobs.context import Context
-from jobs.models import Batch, File, Job, Model, Tenant
-from jobs.realtime import live_workers
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Job, Model, Tenant
+from jobs.fleet import catalog, registry
+from jobs.realtime.client import live_workers
 from storage import keys
 from tests.integration.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
 
@@ -53,7 +54,7 @@ def own(fstack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
-    from workers.runtime.cache import tokenizer_dir
+    from workers.models.cache import tokenizer_dir
 
     ctx = Context(fstack.settings)
     root = tmp_path_factory.mktemp("own-models")

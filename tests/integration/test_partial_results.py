@@ -18,9 +18,9 @@ import httpx2
 import pytest
 from sqlalchemy import select
 
-from jobs import partial
-from jobs.errors import InvalidRequest
-from jobs.models import Shard
+from jobs.batches import partial
+from jobs.core.errors import InvalidRequest
+from jobs.core.schema import Shard
 from tests.integration.conftest import CHUNK
 from tests.integration.helpers import emb_line, jsonl, upload, wait
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from jobs import registry
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.fleet import registry
 
 FILES = [{"path": "model.safetensors", "bytes": 10, "sha256": "0" * 64}]
 
@@ -99,7 +99,7 @@ def test_cli_derive_default_and_list(ctx: Context, settings: Settings) -> None:
 def test_int8_embeddings_stay_close_to_fp32(minilm: Any) -> None:
     import torch
 
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     q = EmbeddingModel("all-MiniLM-L6-v2", precision="int8")
     assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.model.modules())
@@ -119,7 +119,7 @@ def test_half_precision_is_for_gpus_and_int8_for_cpus(tiny: Any) -> None:
 
     import torch
 
-    from workers.runtime import precision
+    from workers.models import precision
 
     cpu = torch.device("cpu")
     for p in ("bf16", "fp16"):

@@ -13,9 +13,9 @@ import orjson
 import pytest
 import redis as redis_lib
 
-from jobs import realtime
-from jobs.errors import ModelNotLoaded, RequestTimeout
-from jobs.realtime import RealtimeClient, StreamBroken, TokenStream, stream_channel
+from jobs.core.errors import ModelNotLoaded, RequestTimeout
+from jobs.realtime import client as realtime
+from jobs.realtime.client import RealtimeClient, StreamBroken, TokenStream, stream_channel
 
 
 @pytest.fixture

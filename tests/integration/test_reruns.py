@@ -22,10 +22,11 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch as BatchObject
 
-from jobs import catalog, finalize, registry, service
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.settings import Settings
+from jobs.batches import finalize, service
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.fleet import catalog, registry
 from tests.integration.helpers import emb_line, held_models, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
@@ -37,7 +38,7 @@ OOM_ABOVE = 40  # tokens of a pass (rows x longest row) the injected fault allow
 
 @pytest.fixture
 def world(own_settings: Settings) -> Iterator[dict[str, Any]]:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(own_settings.model_copy(update={"shard_rows": 100, "chunk_rows": 50}))
     ctx: Context = app.extensions["inferq"]
@@ -65,9 +66,9 @@ def merged(client: OpenAI, batch_id: str) -> list[dict[str, Any]]:
 
 def run(ctx: Context, batch_id: str, minilm: Any, engine: Any) -> None:
     """Validate the batch, run its shards on this process's model, finalize it."""
-    from workers.batch_lane import run_shard
-    from workers.breaker import Breaker
-    from workers.worker_runtime import WorkerRuntime
+    from workers.lanes.batch import run_shard
+    from workers.process.breaker import Breaker
+    from workers.process.runtime import WorkerRuntime
 
     service.validate_batch(ctx, batch_id)
     rt = WorkerRuntime(ctx.settings, ctx, "test-worker", Breaker(1000, 1.0),

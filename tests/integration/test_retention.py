@@ -17,10 +17,9 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import func, select, update
 
-from jobs import finalize, janitor
-from jobs.batches import retention
-from jobs.context import Context
-from jobs.models import (
+from jobs.batches import finalize, janitor, retention
+from jobs.core.context import Context
+from jobs.core.schema import (
     Batch,
     File,
     IdempotencyKey,
@@ -222,7 +221,7 @@ def test_old_idempotency_keys_are_forgotten(world: dict[str, Any], ctx: Context)
 
 
 def _tenant(ctx: Context) -> str:
-    from jobs.models import Tenant
+    from jobs.core.schema import Tenant
 
     with ctx.db.session() as s:
         tid = s.scalar(select(Tenant.id).limit(1))

@@ -1,4 +1,4 @@
-"""Shadow requests for chat (jobs.shadow) on real Redis: the candidate version's
+"""Shadow requests for chat (jobs.fleet.shadow) on real Redis: the candidate version's
 generation is compared by exact match with the text the client got, its failures
 are counted, and the report gives agreement and latency per version. The candidate's
 worker is played by this test (its stream published by the workers' own PubSink), on
@@ -15,10 +15,11 @@ import orjson
 import pytest
 import redis as redis_lib
 
-from jobs import realtime, shadow
-from jobs.context import Context
-from jobs.requests import CHAT
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.fleet import shadow
+from jobs.protocol.requests import CHAT
+from jobs.realtime import client as realtime
 
 MODEL = "shadowed-chat"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -37,7 +38,7 @@ class Candidate(threading.Thread):
     str: the generated text; None: an error event)."""
 
     def __init__(self, r: redis_lib.Redis, texts: list[str | None]) -> None:  # type: ignore[type-arg]
-        from workers.streams import CancelListener, Publisher, PubSink
+        from workers.lanes.streams import CancelListener, Publisher, PubSink
 
         super().__init__(daemon=True)
         self.r, self.texts = r, list(texts)

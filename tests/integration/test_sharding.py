@@ -1,4 +1,4 @@
-"""jobs/sharding.py against the real (moto S3) object store and the model registry:
+"""jobs/batches/sharding.py against the real (moto S3) object store and the model registry:
 the models a batch may use are the ones registered (here: test models of this module)."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import delete
 
-from jobs import catalog, registry, service
-from jobs.context import Context
-from jobs.models import Batch, File, Model, Tenant, new_id
-from jobs.sharding import ShardPlan, validate_and_shard
-from jobs.status import BatchStatus
+from jobs.batches import service
+from jobs.batches.sharding import ShardPlan, validate_and_shard
+from jobs.core.context import Context
+from jobs.core.schema import Batch, File, Model, Tenant, new_id
+from jobs.core.status import BatchStatus
+from jobs.fleet import catalog, registry
 from storage import keys
 from storage.parquet import read_rows
 
@@ -650,8 +651,8 @@ def test_responses_lines_and_rows_are_sharded_as_their_bodies(ctx: Context) -> N
     """/v1/responses: a chat model's; a line's body as its schema reads it, its length
     and upper-bound tokens those of the chat request it runs as; a Parquet ``input``
     column of text under the batch's defaults; a refused parameter is its error line."""
-    from jobs.limits import prompt_tokens
-    from jobs.requests import CHAT, RESPONSES, chat_body, parse_responses
+    from jobs.protocol.requests import CHAT, RESPONSES, chat_body, parse_responses
+    from jobs.tenants.limits import prompt_tokens
 
     def rline(i: str, **body: Any) -> dict[str, Any]:
         return {"custom_id": i, "method": "POST", "url": RESPONSES, "body": body}

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from jobs import registry, service
-from jobs.context import Context
-from jobs.models import Job
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Job
+from jobs.core.settings import Settings
+from jobs.fleet import registry
 
 EMB_MODEL, CHAT_MODEL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -148,7 +149,7 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
     """An integer for a number, true and false for booleans, a parameter inferq does
     not implement at the value that does nothing taken and left out (on a database and
     Redis DB of its own: the jobs stay queued there)."""
-    from api import create_app
+    from api.app import create_app
 
     ctx = Context(own_settings)
     try:

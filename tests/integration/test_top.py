@@ -23,12 +23,15 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from jobs import catalog, realtime, registry, service, stats
-from jobs import repository as repo
-from jobs.context import Context
-from jobs.models import Batch, now
-from jobs.outputs import Tokens
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.batches.outputs import Tokens
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.schema import Batch, now
+from jobs.core.settings import Settings
+from jobs.fleet import catalog, registry
+from jobs.realtime import client as realtime
+from jobs.slo import stats
 from tests.conftest import free_port
 from tests.integration.test_dashboard_api import MODEL, as_key, make_batch
 
@@ -69,7 +72,7 @@ class Api:
 
 @pytest.fixture
 def api(own_settings: Settings, tmp_path: Path) -> Iterator[Api]:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(own_settings.model_copy(update={"shard_rows": 100, "chunk_rows": 50}))
     ctx: Context = app.extensions["inferq"]

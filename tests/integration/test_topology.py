@@ -31,10 +31,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from jobs.context import Context
-from jobs.models import Shard
-from jobs.realtime import live_workers
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.schema import Shard
+from jobs.core.settings import Settings
+from jobs.realtime.client import live_workers
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from jobs.context import Context
-from jobs.models import Batch
+from jobs.core.context import Context
+from jobs.core.schema import Batch
 from tests.conftest import AWS_ENV, free_port, fresh_database
 from tests.integration.helpers import emb_line, held_models, jsonl, upload, wait
 
@@ -215,11 +215,12 @@ def test_a_realtime_request_in_process_is_one_trace(own_redis_url: str, minilm: 
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind
 
-    from jobs import logs, realtime, tracing
-    from jobs.errors import InferqError
-    from jobs.realtime import RealtimeClient
-    from jobs.settings import Settings
-    from workers.realtime_lane import RealtimeConsumer
+    from jobs.core import logs, tracing
+    from jobs.core.errors import InferqError
+    from jobs.core.settings import Settings
+    from jobs.realtime import client as realtime
+    from jobs.realtime.client import RealtimeClient
+    from workers.lanes.realtime import RealtimeConsumer
 
     exporter = InMemorySpanExporter()
     assert tracing.setup(Settings(), "api", exporter=exporter)

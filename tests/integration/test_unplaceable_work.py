@@ -17,16 +17,19 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from jobs import asyncjobs, janitor, placement, realtime, registry, service
-from jobs.context import Context
-from jobs.errors import InferqError, ModelNotLoaded
-from jobs.models import Model
-from jobs.realtime import RealtimeClient, TokenStream
-from jobs.requests import CHAT
-from jobs.settings import Settings
-from jobs.status import JobStatus
-from workers.jobs_lane import JobsConsumer
-from workers.residency import Commands, Residency, Resident
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.batches import janitor, service
+from jobs.core.context import Context
+from jobs.core.errors import InferqError, ModelNotLoaded
+from jobs.core.schema import Model
+from jobs.core.settings import Settings
+from jobs.core.status import JobStatus
+from jobs.fleet import placement, registry
+from jobs.protocol.requests import CHAT
+from jobs.realtime import client as realtime
+from jobs.realtime.client import RealtimeClient, TokenStream
+from workers.lanes.jobs import JobsConsumer
+from workers.models.residency import Commands, Residency, Resident
 
 EMBEDDER, TALKER = "unplaceable-embedder", "unplaceable-talker"
 FILES = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]

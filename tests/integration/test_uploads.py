@@ -21,10 +21,10 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import func, select, update
 
-from jobs import janitor, registry, service
-from jobs.batches import uploads
-from jobs.context import Context
-from jobs.models import File, Upload, UploadPart, now
+from jobs.batches import janitor, service, uploads
+from jobs.core.context import Context
+from jobs.core.schema import File, Upload, UploadPart, now
+from jobs.fleet import registry
 from storage import keys
 from tests.conftest import fresh_database
 from tests.integration.helpers import emb_line, jsonl
@@ -38,7 +38,7 @@ MODEL = "uploads-embedder"
 
 @pytest.fixture(scope="module")
 def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from api import create_app
+    from api.app import create_app
 
     with fresh_database(pg_admin_url) as url, redis_dbs.lend() as redis_url:
         st = settings.model_copy(update={"database_url": url, "redis_url": redis_url,

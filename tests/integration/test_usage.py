@@ -26,10 +26,11 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from jobs import service, usage
-from jobs.context import Context
-from jobs.models import Shard, UsageRecord
-from jobs.settings import Settings
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Shard, UsageRecord
+from jobs.core.settings import Settings
+from jobs.tenants import usage
 from tests.integration.helpers import chat_line, emb_line, jsonl, lines, upload, wait
 
 EMB_MODEL, CHAT_MODEL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
@@ -55,7 +56,7 @@ def uctx(own_settings: Settings) -> Iterator[Context]:
 @pytest.fixture
 def wsgi(uctx: Context) -> httpx.Client:
     """The app in this process, reached through httpx (what the SDK speaks)."""
-    from api import create_app
+    from api.app import create_app
 
     return httpx.Client(transport=httpx.WSGITransport(app=create_app(uctx.settings)),
                         base_url="http://inferq.test")

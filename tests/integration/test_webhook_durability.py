@@ -20,8 +20,8 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from jobs.context import Context
-from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEvent
+from jobs.core.context import Context
+from jobs.core.schema import WebhookAttempt, WebhookDelivery, WebhookEvent
 from storage.embedded import EmbeddedRedis
 from tests.conftest import AWS_ENV, free_port
 from tests.integration.helpers import jsonl, wait

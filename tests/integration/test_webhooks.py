@@ -27,9 +27,10 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select, update
 
-from jobs import asyncjobs, service
-from jobs.context import Context
-from jobs.models import Batch, WebhookAttempt, WebhookDelivery, WebhookEvent
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.schema import Batch, WebhookAttempt, WebhookDelivery, WebhookEvent
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, wait
 from tests.integration.receiver import receiver

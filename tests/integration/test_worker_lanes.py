@@ -16,13 +16,15 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import select, update
 
-from jobs import asyncjobs, realtime, service
-from jobs.context import Context
-from jobs.errors import InferqError
-from jobs.models import Job, new_id, now
-from jobs.realtime import RealtimeClient, TokenStream
-from jobs.requests import CHAT, EMBEDDINGS
-from jobs.settings import Settings
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.batches import service
+from jobs.core.context import Context
+from jobs.core.errors import InferqError
+from jobs.core.schema import Job, new_id, now
+from jobs.core.settings import Settings
+from jobs.protocol.requests import CHAT, EMBEDDINGS
+from jobs.realtime import client as realtime
+from jobs.realtime.client import RealtimeClient, TokenStream
 from tests.integration.helpers import held_models
 
 MODEL = "all-MiniLM-L6-v2"
@@ -49,7 +51,7 @@ def workers_models(minilm: Any, engine: Any) -> Any:
 @pytest.fixture
 def r(own_redis_url: str, minilm, minilm_engine) -> Iterator[redis_lib.Redis]:  # type: ignore[no-untyped-def,type-arg]
     """A Redis DB of this test's own, a realtime consumer on it, and its heartbeat."""
-    from workers.realtime_lane import RealtimeConsumer
+    from workers.lanes.realtime import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)
     lane = RealtimeConsumer(client, workers_models(minilm, minilm_engine), 100,
@@ -115,8 +117,8 @@ def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, m
     """While its engine runs or holds work, a worker pops nothing: the requests stay on
     the model's list for whichever worker frees first. Freed, it takes those waiting
     (up to a pass of rows) at once, and they run in one pass."""
-    from workers.embedding_engine import BATCH, REALTIME
-    from workers.realtime_lane import RealtimeConsumer
+    from workers.engines.embeddings import BATCH, REALTIME
+    from workers.lanes.realtime import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)
     lane = RealtimeConsumer(client, workers_models(minilm, minilm_engine), 100,
@@ -201,7 +203,7 @@ def ended(jctx: Context, ids: list[str], timeout: float = 60) -> dict[str, Job]:
 
 
 def test_every_job_of_a_burst_ends(jctx: Context, tenant: str, minilm, minilm_engine) -> None:  # type: ignore[no-untyped-def]
-    from workers.jobs_lane import JobsConsumer
+    from workers.lanes.jobs import JobsConsumer
 
     msgs = [{"role": "user", "content": "hi"}]
     ids = {

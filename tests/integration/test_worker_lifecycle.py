@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from jobs.context import Context
-from jobs.models import Shard
+from jobs.core.context import Context
+from jobs.core.schema import Shard
 from tests.integration.helpers import chat_line, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from jobs import admission as adm
+from jobs.slo import admission as adm
 
 
 @pytest.mark.parametrize(("c", "a", "expected"), [
@@ -135,9 +135,9 @@ def test_a_stream_reports_the_row_it_held_and_its_first_step() -> None:
 
     import redis
 
-    from workers.generation import FinishReason, Usage
-    from workers.realtime_lane import ServicedSink
-    from workers.streams import CancelListener, Publisher
+    from workers.engines.generation import FinishReason, Usage
+    from workers.lanes.realtime import ServicedSink
+    from workers.lanes.streams import CancelListener, Publisher
 
     r = redis.Redis(host="127.0.0.1", port=1)  # never connected: nothing is sent
     meter = adm.ServiceMeter(window_s=60)
@@ -158,9 +158,9 @@ def test_a_stream_reports_the_row_it_held_and_its_first_step() -> None:
 def test_a_stream_whose_client_left_reports_what_it_held() -> None:
     import redis
 
-    from workers.generation import Usage
-    from workers.realtime_lane import ServicedSink
-    from workers.streams import CancelListener, Publisher
+    from workers.engines.generation import Usage
+    from workers.lanes.realtime import ServicedSink
+    from workers.lanes.streams import CancelListener, Publisher
 
     r = redis.Redis(host="127.0.0.1", port=1)
     meter = adm.ServiceMeter(window_s=60)

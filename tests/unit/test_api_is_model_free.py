@@ -8,9 +8,9 @@ import sys
 
 CODE = """
 import sys
-from api import create_app
+from api.app import create_app
 import cli.main, cli.stack  # the CLI and supervisor run in the API's environment too
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 create_app(Settings(database_url="postgresql+psycopg://u@127.0.0.1:1/x",
                     redis_url="redis://127.0.0.1:1/0", object_store_url="file:///tmp/x"))
 heavy = sorted(m for m in ("torch", "transformers", "sentence_transformers") if m in sys.modules)

@@ -1,4 +1,4 @@
-"""The batch lanes' scaling arithmetic (``jobs.backlog.workers_needed``): the fewest
+"""The batch lanes' scaling arithmetic (``jobs.slo.backlog.workers_needed``): the fewest
 workers that commit every row by its batch's deadline, earliest deadline first, at
 each model's rows per second per worker."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.backlog import Due, Rate, workers_needed
+from jobs.slo.backlog import Due, Rate, workers_needed
 
 NOW = 1_000_000.0
 

@@ -1,4 +1,4 @@
-"""The batch policy's contract (workers/batching.py), checked on fixed and seeded random cases."""
+"""The batch policy's contract (workers/engines/batching.py), on fixed and seeded random cases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.workload import texts
-from workers.batching import BatchPolicy, arrival_order, padding_stats
+from workers.engines.batching import BatchPolicy, arrival_order, padding_stats
 
 
 def check_contract(policy: BatchPolicy, lengths: list[int], batches: list[list[int]]) -> None:

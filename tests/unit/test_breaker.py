@@ -3,8 +3,8 @@ after the cooldown → closed on a success, or open for twice as long on a failu
 
 from __future__ import annotations
 
-from jobs.status import BreakerState
-from workers.breaker import Breaker
+from jobs.core.status import BreakerState
+from workers.process.breaker import Breaker
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""Request validation against a registry snapshot (jobs.catalog), without a database."""
+"""Request validation against a registry snapshot (jobs.fleet.catalog), without a database."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import registry
-from jobs.catalog import Catalog, ModelInfo
-from jobs.errors import InvalidRequest
-from jobs.requests import (
+from jobs.core.errors import InvalidRequest
+from jobs.fleet import registry
+from jobs.fleet.catalog import Catalog, ModelInfo
+from jobs.protocol.requests import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -77,7 +77,7 @@ def test_a_model_name_is_quoted_escaped_and_cut_short() -> None:
 
 
 def test_the_registry_does_not_import_the_catalog() -> None:
-    # jobs.catalog reads jobs.registry; the registry tells it of a registration by a
+    # jobs.fleet.catalog reads jobs.fleet.registry; the registry tells it of a registration by a
     # counter it reads (registry.generation), not by importing it back, even late
     tree = ast.parse(Path(registry.__file__).read_text())
     names = [f"{n.module}.{a.name}" if isinstance(n, ast.ImportFrom) else a.name

@@ -1,4 +1,4 @@
-"""The request parameters that shape choices (jobs.requests): n, best_of, echo, log
+"""The request parameters that shape choices (jobs.protocol.requests): n, best_of, echo, log
 probabilities, presence and frequency penalties and logit_bias are read within OpenAI's
 bounds, and a value outside them is a 400 naming its parameter."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, COMPLETIONS, ChatBody, CompletionBody, parse_generation
+from jobs.core.errors import InvalidRequest
+from jobs.protocol.requests import CHAT, COMPLETIONS, ChatBody, CompletionBody, parse_generation
 
 MINIMAL = {CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
            COMPLETIONS: {"model": "m", "prompt": "hi"}}

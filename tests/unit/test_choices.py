@@ -18,15 +18,15 @@ from openai._models import construct_type
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, COMPLETIONS
-from jobs.settings import default_cache_dir
-from jobs.shapes import ChunkWriter
-from workers.generation import Collect, GenerationEngine, TokenTexts, Usage
-from workers.generation_request import GenRequest, build_request
-from workers.prefix_cache import PrefixCache
-from workers.responses import generation_body, top_count
-from workers.runtime.chat import ChatModel
+from jobs.core.errors import InvalidRequest
+from jobs.core.settings import default_cache_dir
+from jobs.protocol.requests import CHAT, COMPLETIONS
+from jobs.protocol.shapes import ChunkWriter
+from workers.engines.generation import Collect, GenerationEngine, TokenTexts, Usage
+from workers.engines.prefix_cache import PrefixCache
+from workers.engines.request import GenRequest, build_request
+from workers.engines.responses import generation_body, top_count
+from workers.models.chat import ChatModel
 
 SMOL = "SmolLM2-135M-Instruct"
 REPEAT = [{"role": "user", "content": "Name three animals."}]
@@ -34,7 +34,7 @@ REPEAT = [{"role": "user", "content": "Name three animals."}]
 
 @pytest.fixture(scope="module")
 def smol() -> ChatModel:
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     return ChatModel(SMOL, converted_dir(default_cache_dir(), SMOL, "1", smollm2_gguf()))
 
@@ -254,11 +254,11 @@ class FakePublisher:
 
 def streamed(engine: GenerationEngine, endpoint: str, body: dict[str, Any]
              ) -> list[dict[str, Any]]:
-    """The chunks an API writes of the lane's events (as api/inference.py does with
+    """The chunks an API writes of the lane's events (as api/routes/inference.py does with
     ``choices`` events): the role chunk, each event's chunk, the usage."""
     import threading
 
-    from workers.realtime_lane import MeteredSink
+    from workers.lanes.realtime import MeteredSink
 
     body = {"model": SMOL, **body}
     pub = FakePublisher()

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from cli.errors import user_message
 from cli.main import main
 from cli.stack import Interrupted, Stack, StackError, StopSignals, port_free
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 from tests.conftest import free_port
 
 MODEL = "all-MiniLM-L6-v2"
@@ -192,7 +192,7 @@ def test_parquet_detection_comes_from_storage(tmp_path: Path) -> None:
 
 
 def test_an_idempotency_key_too_long_for_the_upload_is_refused(run, jsonl: Path) -> None:  # type: ignore[no-untyped-def]
-    from jobs.idempotency import MAX_KEY
+    from jobs.core.idempotency import MAX_KEY
 
     longest = MAX_KEY - len(":file")
     one_line(run("submit", str(jsonl), "--idempotency-key", "k" * (longest + 1)),

@@ -15,7 +15,7 @@ import pytest
 from cli import state
 from cli.batches import fitting_name, grouped_errors, parse_metadata
 from cli.stack import Stack, api_command
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

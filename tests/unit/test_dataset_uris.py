@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from jobs.batches.datasets import Manifest, RowForm, template_fields, text_hashes
-from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, EMBEDDINGS, RESPONSES, DatasetInput
+from jobs.core.errors import InvalidRequest
+from jobs.protocol.requests import CHAT, EMBEDDINGS, RESPONSES, DatasetInput
 from storage import datasets as ds
 
 

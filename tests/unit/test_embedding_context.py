@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.errors import InvalidRequest
+from jobs.core.errors import InvalidRequest
 
 
 @pytest.fixture(scope="module")
 def model():  # type: ignore[no-untyped-def]
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     return EmbeddingModel("all-MiniLM-L6-v2")
 

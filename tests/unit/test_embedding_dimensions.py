@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.catalog import Catalog, ModelInfo
-from jobs.errors import InvalidRequest
-from jobs.requests import parse_embeddings
-from workers.runtime.embeddings import check_dimensions
+from jobs.core.errors import InvalidRequest
+from jobs.fleet.catalog import Catalog, ModelInfo
+from jobs.protocol.requests import parse_embeddings
+from workers.models.embeddings import check_dimensions
 
 MODEL = "all-MiniLM-L6-v2"  # 384-dimensional
 
@@ -59,7 +59,7 @@ def test_more_than_the_model_produces_is_refused() -> None:
 
 
 def test_every_lane_checks_through_the_model() -> None:
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     model = EmbeddingModel(MODEL)
     assert model.dim == 384

@@ -52,7 +52,7 @@ def test_pooling_as_sentence_transformers_computes_it(tiny_bert: Path, tmp_path:
                                                       mode: str, normalize: bool) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     folder = saved_with(tiny_bert, tmp_path / "st", mode, normalize)
     model = EmbeddingModel("tiny", folder)
@@ -65,7 +65,7 @@ def test_pooling_as_sentence_transformers_computes_it(tiny_bert: Path, tmp_path:
 
 
 def test_a_plain_encoder_is_mean_pooled_and_normalised(tiny_bert: Path) -> None:
-    from workers.runtime.embeddings import EmbeddingModel
+    from workers.models.embeddings import EmbeddingModel
 
     model = EmbeddingModel("tiny", tiny_bert)
     assert (model.pooling.mode, model.pooling.normalize, model.pooling.declared) == (

@@ -10,9 +10,9 @@ from concurrent.futures import Future, wait
 import numpy as np
 import pytest
 
-from jobs.errors import InvalidRequest
-from workers.batching import BatchPolicy
-from workers.embedding_engine import BATCH, FLEX, JOBS, REALTIME, EmbeddingEngine
+from jobs.core.errors import InvalidRequest
+from workers.engines.batching import BatchPolicy
+from workers.engines.embeddings import BATCH, FLEX, JOBS, REALTIME, EmbeddingEngine
 
 TIMEOUT = 10
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.batching import BatchPolicy
-from workers.embedding_engine import BATCH, EmbeddingEngine
+from workers.engines.batching import BatchPolicy
+from workers.engines.embeddings import BATCH, EmbeddingEngine
 
 
 class Tight:

@@ -1,4 +1,4 @@
-"""The fair dispatcher's choice (jobs.fairshare.select_shards): weighted deficit round
+"""The fair dispatcher's choice (jobs.batches.fairshare.select_shards): weighted deficit round
 robin across projects, earliest deadline first within one, and the round carried from
 one call to the next."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.fairshare import Candidate, Turn, select_shards
+from jobs.batches.fairshare import Candidate, Turn, select_shards
 
 Q = 100  # quantum: rows of a full shard
 

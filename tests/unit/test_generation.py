@@ -10,11 +10,11 @@ import threading
 import pytest
 import torch
 
-from workers.generation import Collect, FinishReason, GenerationEngine
-from workers.generation_request import GenRequest
-from workers.prefix_cache import PrefixCache
-from workers.runtime.chat import ChatModel
-from workers.sampling import holdback, stop_at
+from workers.engines.generation import Collect, FinishReason, GenerationEngine
+from workers.engines.prefix_cache import PrefixCache
+from workers.engines.request import GenRequest
+from workers.engines.sampling import holdback, stop_at
+from workers.models.chat import ChatModel
 
 
 def alone(model: ChatModel, prompt: list[int], n: int) -> list[int]:

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from cli.main import main as inferq
-from jobs.dispatch import MODEL_LANES, QUEUES
-from jobs.settings import Settings
+from jobs.core.dispatch import MODEL_LANES, QUEUES
+from jobs.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "docker" / "k8s"

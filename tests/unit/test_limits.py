@@ -1,4 +1,4 @@
-"""The pure arithmetic of jobs/limits.py: token estimates, the reset format, limits over
+"""The pure arithmetic of jobs/tenants/limits.py: token estimates, the reset format, limits over
 defaults, reading usage from a worker's answer. The decisions themselves run in Redis
 (tests/integration/test_limits.py)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from jobs import limits
-from jobs.limits import Limits, Window
-from jobs.models import RateLimit
-from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS
+from jobs.core.schema import RateLimit
+from jobs.protocol.requests import CHAT, COMPLETIONS, EMBEDDINGS
+from jobs.tenants import limits
+from jobs.tenants.limits import Limits, Window
 
 
 @pytest.mark.parametrize(("ms", "text"), [

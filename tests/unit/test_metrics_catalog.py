@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 import api.metrics
-import workers.metrics
+import workers.process.metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"\binferq_[a-z0-9_]+")
@@ -31,7 +31,7 @@ def metrics_section() -> str:
 
 def defined() -> set[str]:
     """Series the API's and the workers' metrics modules define (plus the scrape-time ones)."""
-    names = {base(m._name) for mod in (api.metrics, workers.metrics)  # noqa: SLF001
+    names = {base(m._name) for mod in (api.metrics, workers.process.metrics)  # noqa: SLF001
              for m in vars(mod).values() if isinstance(m, MetricWrapperBase)}
     scrape_time = ("inferq_queue_depth", "inferq_breaker_state", "inferq_engine_rows",
                    "inferq_generation_tokens", "inferq_engine_sequences", "inferq_prompt_tokens",

@@ -221,7 +221,7 @@ def test_the_vllm_engine_needs_an_architecture_and_precision_it_serves(tmp_path:
 ])
 def test_the_engine_a_version_runs_on(engine: str, auto: str, arch: str, precision: str,
                                       vllm_here: bool, runs_on: str) -> None:
-    from jobs.models import Model
+    from jobs.core.schema import Model
 
     m = Model(name="m", version="1", kind="chat", engine=engine, precision=precision)
     archs = frozenset({"LlamaForCausalLM"}) if vllm_here else None
@@ -253,7 +253,7 @@ def test_not_a_model_folder(tmp_path: Path) -> None:
 
 
 def test_versions_are_numbered_after_the_highest() -> None:
-    from jobs.models import Model
+    from jobs.core.schema import Model
 
     assert folders.next_version([]) == "1"
     assert folders.next_version([Model(version=v) for v in ("1", "9", "10", "1-int8")]) == "11"

@@ -1,4 +1,4 @@
-"""api.openapi.spec on an app with routes the module knows nothing about (as routes
+"""api.routes.openapi.spec on an app with routes the module knows nothing about (as routes
 added later are): each still gets a valid operation. No backend is reached: building
 the description reads the URL map and the models only."""
 
@@ -12,8 +12,8 @@ from flask import Blueprint, Flask
 from openapi_spec_validator import validate
 from pydantic import BaseModel
 
-from api.openapi import spec, type_of
-from jobs.settings import Settings
+from api.routes.openapi import spec, type_of
+from jobs.core.settings import Settings
 
 
 class Shape(BaseModel):
@@ -23,7 +23,7 @@ class Shape(BaseModel):
 
 @pytest.fixture
 def app(tmp_path: Path) -> Flask:
-    from api import create_app
+    from api.app import create_app
 
     app = create_app(Settings(database_url="postgresql+psycopg://nobody@127.0.0.1:1/none",
                               redis_url="redis://127.0.0.1:1/0", data_dir=tmp_path))

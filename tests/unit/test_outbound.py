@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 from storage import outbound
 from storage.outbound import OutboundRefused, check_url, post
 

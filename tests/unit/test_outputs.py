@@ -1,4 +1,4 @@
-"""Batch output lines and Parquet rows, built in one place (jobs.outputs)."""
+"""Batch output lines and Parquet rows, built in one place (jobs.batches.outputs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
-from jobs import outputs, shapes
-from jobs.outputs import Tokens
+from jobs.batches import outputs
+from jobs.batches.outputs import Tokens
+from jobs.protocol import shapes
 from storage.parquet import write_rows
 
 CHAT = "/v1/chat/completions"

@@ -15,13 +15,13 @@ import orjson
 import pytest
 import torch
 
-from jobs.errors import InvalidRequest
-from jobs.requests import COMPLETIONS
-from workers.generation import Collect, GenerationEngine
-from workers.generation_request import GenRequest
-from workers.runners import GenerationRunner
-from workers.runtime.chat import ChatModel
-from workers.sampling import NO_SCORE, sample
+from jobs.core.errors import InvalidRequest
+from jobs.protocol.requests import COMPLETIONS
+from workers.engines.generation import Collect, GenerationEngine
+from workers.engines.request import GenRequest
+from workers.engines.sampling import NO_SCORE, sample
+from workers.models.chat import ChatModel
+from workers.shards.runners import GenerationRunner
 
 ROWS, BAD, NEW = 32, 13, 8
 WORDS = ("cat", "dog", "sun", "rain", "tree", "stone", "river", "bird")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.prefix_cache import PrefixCache
-from workers.runtime.chat import KV
+from workers.engines.prefix_cache import PrefixCache
+from workers.models.chat import KV
 
 HEADS, DIM, LAYERS = 2, 4, 2
 

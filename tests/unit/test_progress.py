@@ -1,4 +1,4 @@
-"""A batch's event positions (jobs/progress.py), on batch rows built in memory: the ids
+"""A batch's event positions (jobs/batches/progress.py), on batch rows built in memory: the ids
 only grow, and a client resuming from any id it was sent is told every status it
 missed and the latest counts."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import progress
-from jobs.errors import InvalidRequest
-from jobs.models import Batch
-from jobs.repository import ShardSums
-from jobs.status import ALLOWED, TERMINAL, BatchStatus
+from jobs.batches import progress
+from jobs.core.errors import InvalidRequest
+from jobs.core.queries import ShardSums
+from jobs.core.schema import Batch
+from jobs.core.status import ALLOWED, TERMINAL, BatchStatus
 
 
 def test_every_allowed_transition_raises_the_rank() -> None:

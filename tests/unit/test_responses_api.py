@@ -1,6 +1,6 @@
 """/v1/responses without a server: a Responses request is the chat request
-jobs.requests.chat_body makes of it; the Response object and the streamed events
-(jobs.response_shapes) are the pinned SDK's types, strictly validated, and the SDK's own
+jobs.protocol.requests.chat_body makes of it; the Response object and the streamed events
+(jobs.protocol.responses) are the pinned SDK's types, strictly validated, and the SDK's own
 stream accumulator (what ``client.responses.stream`` runs) rebuilds the answer from the
 events; batch lines of Responses count their tokens and fill the Parquet columns."""
 
@@ -14,9 +14,10 @@ from openai._models import validate_type
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
-from jobs import catalog, limits, outputs, registry
-from jobs.errors import InvalidRequest
-from jobs.requests import (
+from jobs.batches import outputs
+from jobs.core.errors import InvalidRequest
+from jobs.fleet import catalog, registry
+from jobs.protocol.requests import (
     CHAT,
     ENDPOINTS,
     RESPONSES,
@@ -28,8 +29,9 @@ from jobs.requests import (
     parse_model,
     parse_responses,
 )
-from jobs.response_shapes import EventWriter, response_body
-from workers.responses import response_object
+from jobs.protocol.responses import EventWriter, response_body
+from jobs.tenants import limits
+from workers.engines.responses import response_object
 
 MODEL = "SmolLM2-135M-Instruct"
 

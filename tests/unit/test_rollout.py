@@ -1,5 +1,5 @@
-"""The split of a name's traffic between its versions (jobs.rollout) and the choice of
-the worker that loads a version (jobs.placement.choose): pure functions, no backends."""
+"""The split of a name's traffic between its versions (jobs.fleet.rollout) and the choice of
+the worker that loads a version (jobs.fleet.placement.choose): pure functions, no backends."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from jobs.placement import choose
-from jobs.rollout import Plan, Router
+from jobs.fleet.placement import choose
+from jobs.fleet.rollout import Plan, Router
 
 
 def picks(router: Router, plan: Plan, n: int) -> list[str | None]:

@@ -1,4 +1,4 @@
-"""Sampling (workers/sampling.py) over the extremes of the accepted parameters: no
+"""Sampling (workers/engines/sampling.py) over the extremes of the accepted parameters: no
 temperature in 0..2 and no top-p in (0, 1], subnormal values included, may make a row
 unsampleable, and a row that cannot be sampled fails alone."""
 
@@ -11,8 +11,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.generation_request import GenRequest
-from workers.sampling import FLOOR, NO_SCORE, Pick, adjusted, choose, draw, log_probs, sample
+from workers.engines.request import GenRequest
+from workers.engines.sampling import (
+    FLOOR,
+    NO_SCORE,
+    Pick,
+    adjusted,
+    choose,
+    draw,
+    log_probs,
+    sample,
+)
 
 EXTREMES = [0.0, 5e-324, 1e-310, 1e-300, 1e-45, 1e-30, 1e-8, 0.5, 1.0, 2.0]
 TOP_PS = [5e-324, 1e-300, 1e-45, 1e-8, 0.5, 0.999999, 1.0]

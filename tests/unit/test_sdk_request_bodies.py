@@ -1,5 +1,5 @@
 """What the pinned ``openai`` SDK sends for its ordinary calls passes the strict request
-models (jobs/requests.py) unchanged: the bodies are taken at the HTTP edge, by a
+models (jobs/protocol/requests.py) unchanged: the bodies are taken at the HTTP edge, by a
 transport that answers in the server's place, and parsed as the API parses them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import httpx2
 import pytest
 from openai import OpenAI
 
-from jobs.requests import CHAT, COMPLETIONS, parse_embeddings, parse_generation
+from jobs.protocol.requests import CHAT, COMPLETIONS, parse_embeddings, parse_generation
 
 ANSWERS: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"id": "x", "object": "chat.completion", "created": 0,

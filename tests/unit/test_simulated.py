@@ -1,4 +1,4 @@
-"""workers/runtime/simulated.py: the cost model's arithmetic, deterministic unit vectors,
+"""workers/models/simulated.py: the cost model's arithmetic, deterministic unit vectors,
 the real model's request checks, and a simulated worker's modules without torch."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.errors import InvalidRequest, ModelNotLoaded
-from jobs.registry import BUILTIN
-from jobs.requests import EmbeddingsBody
-from jobs.settings import Settings
-from workers.batching import BatchPolicy
-from workers.embedding_engine import BATCH, EmbeddingEngine, is_oom
-from workers.runtime import simulated
-from workers.runtime.simulated import PROFILES, Profile, SimulatedEmbeddingModel, unit_vector
+from jobs.core.errors import InvalidRequest, ModelNotLoaded
+from jobs.core.settings import Settings
+from jobs.fleet.registry import BUILTIN
+from jobs.protocol.requests import EmbeddingsBody
+from workers.engines.batching import BatchPolicy
+from workers.engines.embeddings import BATCH, EmbeddingEngine, is_oom
+from workers.models import simulated
+from workers.models.simulated import PROFILES, Profile, SimulatedEmbeddingModel, unit_vector
 
 MODEL = "all-MiniLM-L6-v2"
 H100 = PROFILES["h100-minilm"]
@@ -74,7 +74,7 @@ def test_vectors_are_unit_and_depend_on_the_token_ids_alone() -> None:
     assert np.array_equal(a, b)
     assert not np.allclose(a, other)
     # In a fresh process too: nothing depends on this process's state (hash seeds).
-    code = ("from workers.runtime.simulated import unit_vector;"
+    code = ("from workers.models.simulated import unit_vector;"
             "print(repr(float(unit_vector([101, 2023, 102], 384)[7])))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, check=True)
@@ -138,14 +138,14 @@ def test_settings_select_the_simulated_accelerator() -> None:
 NO_TORCH = """
 import sys
 import orjson
-import workers.celery_app, workers.tasks, workers.pipeline
-from workers import worker_runtime
-from workers.batching import BatchPolicy
-from workers.embedding_engine import BATCH, EmbeddingEngine
-from workers.realtime_lane import RealtimeConsumer
-from workers.jobs_lane import JobsConsumer
-from workers.runners import EmbeddingRunner
-from workers.runtime import simulated
+import workers.celery.app, workers.celery.tasks, workers.shards.pipeline
+from workers.process import runtime as worker_runtime
+from workers.engines.batching import BatchPolicy
+from workers.engines.embeddings import BATCH, EmbeddingEngine
+from workers.lanes.realtime import RealtimeConsumer
+from workers.lanes.jobs import JobsConsumer
+from workers.shards.runners import EmbeddingRunner
+from workers.models import simulated
 m = simulated.from_directory("all-MiniLM-L6-v2", __import__("pathlib").Path(sys.argv[1]), 256,
                              simulated.PROFILES["h100-minilm"])
 engine = EmbeddingEngine(m, BatchPolicy(4096, 64))

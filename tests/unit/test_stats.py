@@ -9,7 +9,7 @@ import socket
 import pytest
 import redis
 
-from jobs import stats
+from jobs.slo import stats
 
 N = len(stats.FIELDS)
 

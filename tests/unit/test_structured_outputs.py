@@ -12,13 +12,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, parse_generation
-from jobs.settings import default_cache_dir
+from jobs.core.errors import InvalidRequest
+from jobs.core.settings import default_cache_dir
+from jobs.protocol.requests import CHAT, parse_generation
+from workers.engines.generation import Collect, FinishReason, GenerationEngine
+from workers.engines.request import build_request
 from workers.engines.vllm import VllmEngine
-from workers.generation import Collect, FinishReason, GenerationEngine
-from workers.generation_request import build_request
-from workers.runtime.chat import ChatModel, ChatTokens
+from workers.models.chat import ChatModel, ChatTokens
 
 SMOL = "SmolLM2-135M-Instruct"
 REVIEW = {
@@ -45,7 +45,7 @@ def fmt(schema: dict[str, Any] = REVIEW) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def smol_dir():  # type: ignore[no-untyped-def]
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     return converted_dir(default_cache_dir(), SMOL, "1", smollm2_gguf())
 
@@ -147,8 +147,8 @@ def test_a_parsed_body_reads_back_as_sent() -> None:
 def test_responses_text_format_runs_as_chats_response_format() -> None:
     from openai.types.responses import Response
 
-    from jobs.requests import RESPONSES, as_chat, parse_responses, supported
-    from jobs.response_shapes import response_body
+    from jobs.protocol.requests import RESPONSES, as_chat, parse_responses, supported
+    from jobs.protocol.responses import response_body
 
     text = {"format": {"type": "json_schema", "name": "review", "schema": REVIEW,
                        "strict": True}}

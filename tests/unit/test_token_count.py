@@ -1,4 +1,4 @@
-"""Batch validation's prompt tokens (workers.runtime.token_count) are the workers' own:
+"""Batch validation's prompt tokens (workers.models.token_count) are the workers' own:
 the tokenizer loaded without torch from a model's directory gives, request by request,
 the token count the worker's loaded model reports as ``usage.prompt_tokens`` (the
 packaged all-MiniLM-L6-v2; SmolLM2-135M-Instruct from the machine's converted copy).
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from jobs.requests import CHAT, COMPLETIONS, EMBEDDINGS, EmbeddingsBody
-from jobs.settings import default_cache_dir
-from workers.runtime import token_count
+from jobs.core.settings import default_cache_dir
+from jobs.protocol.requests import CHAT, COMPLETIONS, EMBEDDINGS, EmbeddingsBody
+from workers.models import token_count
 
 MINILM = "all-MiniLM-L6-v2"
 SMOL = "SmolLM2-135M-Instruct"
@@ -34,14 +34,14 @@ def minilm_dir() -> Path:
 def smol_dir() -> Path:
     """The de-quantized SmolLM2 as ``inferq models import`` publishes it (converted once
     per machine and kept in the cache dir)."""
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     return converted_dir(default_cache_dir(), SMOL, "1", smollm2_gguf())
 
 
 @pytest.fixture(scope="module")
 def smol_model(smol_dir: Path) -> Any:
-    from workers.runtime.chat import ChatModel
+    from workers.models.chat import ChatModel
 
     return ChatModel(SMOL, smol_dir)
 
@@ -75,7 +75,7 @@ def chat_bodies() -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_chat_and_completion_counts_are_the_workers(smol_dir: Path, smol_model: Any) -> None:
-    from workers.generation_request import build_request
+    from workers.engines.request import build_request
 
     tok = token_count.load_tokenizer(smol_dir)
     assert type(tok).__name__ == type(smol_model.tokenizer).__name__
@@ -95,7 +95,7 @@ def test_chat_and_completion_counts_are_the_workers(smol_dir: Path, smol_model: 
 LOAD_WITHOUT_TORCH = """
 import sys
 from pathlib import Path
-from workers.runtime import token_count
+from workers.models import token_count
 tok = token_count.load_tokenizer(Path(sys.argv[1]))
 n = token_count.prompt_length(tok, sys.argv[2], {"model": "m", **eval(sys.argv[3])})
 print("tokens:", n, "torch:", "torch" in sys.modules)

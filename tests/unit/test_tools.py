@@ -22,7 +22,11 @@ from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
-from jobs.errors import InvalidRequest
+from jobs.core.errors import InvalidRequest
+from jobs.core.settings import default_cache_dir
+from jobs.protocol.requests import CHAT, RESPONSES, chat_body, parse_generation, parse_responses
+from jobs.protocol.responses import EventWriter, response_body
+from jobs.protocol.shapes import ChunkWriter, chat_completion
 from jobs.protocol.tools import (
     CallStream,
     ChunkCalls,
@@ -33,10 +37,6 @@ from jobs.protocol.tools import (
     rewrite_completion,
     tools_of,
 )
-from jobs.requests import CHAT, RESPONSES, chat_body, parse_generation, parse_responses
-from jobs.response_shapes import EventWriter, response_body
-from jobs.settings import default_cache_dir
-from jobs.shapes import ChunkWriter, chat_completion
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
@@ -247,7 +247,7 @@ def test_bad_tools_requests_are_400s_naming_the_field(body: dict[str, Any], para
 
 
 def test_the_catalog_refuses_tools_for_a_model_whose_template_does_not_render_them() -> None:
-    from jobs.catalog import Catalog, ModelInfo
+    from jobs.fleet.catalog import Catalog, ModelInfo
 
     models = Catalog([ModelInfo("plain", "chat", False), ModelInfo("hermes", "chat", True),
                       ModelInfo("unknown", "chat", None)])
@@ -267,7 +267,7 @@ def test_the_catalog_refuses_tools_for_a_model_whose_template_does_not_render_th
 
 
 def test_parquet_rows_carry_the_calls() -> None:
-    from jobs import outputs
+    from jobs.batches import outputs
 
     body = rewrite_completion(chat_completion("m", CALL, "stop", 3, 4), SPEC)
     row = outputs.parquet_row(CHAT, orjson.loads(outputs.ok_line("a", body)))
@@ -285,7 +285,7 @@ def test_parquet_rows_carry_the_calls() -> None:
 
 @pytest.fixture(scope="module")
 def smol_dir() -> Path:
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     return converted_dir(default_cache_dir(), "SmolLM2-135M-Instruct", "1", smollm2_gguf())
 
@@ -370,8 +370,8 @@ def tool_llama(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def engine(tool_llama: Path) -> Any:
-    from workers.generation import GenerationEngine
-    from workers.runtime.chat import ChatModel
+    from workers.engines.generation import GenerationEngine
+    from workers.models.chat import ChatModel
 
     e = GenerationEngine(ChatModel("tool-llama", tool_llama))
     yield e
@@ -379,9 +379,9 @@ def engine(tool_llama: Path) -> Any:
 
 
 def ask(engine: Any, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    from workers.generation import Collect
-    from workers.generation_request import build_request
-    from workers.responses import generation_body
+    from workers.engines.generation import Collect
+    from workers.engines.request import build_request
+    from workers.engines.responses import generation_body
 
     c = Collect()
     engine.submit(build_request(engine.model, CHAT, body), c, 2)
@@ -392,7 +392,7 @@ def ask(engine: Any, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
 
 
 def test_the_template_renders_the_tools_and_the_history(engine: Any) -> None:
-    from workers.generation_request import build_request
+    from workers.engines.request import build_request
 
     body = chat(tools=TOOLS, messages=[
         {"role": "user", "content": "weather?"},
@@ -431,8 +431,8 @@ def test_auto_is_free_text(engine: Any) -> None:
 
 
 def test_a_model_without_tool_support_is_refused(smol_dir: Path) -> None:
-    from workers.generation_request import build_request
-    from workers.runtime.chat import ChatTokens
+    from workers.engines.request import build_request
+    from workers.models.chat import ChatTokens
 
     smol = ChatTokens("SmolLM2-135M-Instruct", smol_dir)
     for body in (chat(tools=TOOLS), chat(messages=[

@@ -1,4 +1,4 @@
-"""Tracing setup and propagation (jobs/tracing.py) and JSON log lines (jobs/logs.py)."""
+"""Tracing setup and propagation (jobs/core/tracing.py) and JSON log lines (jobs/core/logs.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from jobs import logs, tracing
-from jobs.settings import Settings
+from jobs.core import logs, tracing
+from jobs.core.settings import Settings
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobs import usage
-from jobs.errors import InvalidRequest
-from jobs.settings import Settings
-from workers.batching import BatchPolicy
-from workers.embedding_engine import BATCH, EmbeddingEngine, seconds_of
-from workers.generation import Collect, GenerationEngine
-from workers.generation_request import GenRequest
-from workers.runtime.chat import ChatModel
+from jobs.core.errors import InvalidRequest
+from jobs.core.settings import Settings
+from jobs.tenants import usage
+from workers.engines.batching import BatchPolicy
+from workers.engines.embeddings import BATCH, EmbeddingEngine, seconds_of
+from workers.engines.generation import Collect, GenerationEngine
+from workers.engines.request import GenRequest
+from workers.models.chat import ChatModel
 
 
 def test_a_split_sums_to_the_step_and_follows_token_shares() -> None:

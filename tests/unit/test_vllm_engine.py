@@ -17,14 +17,14 @@ from openai._models import construct_type
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from jobs.errors import InvalidRequest
-from jobs.requests import CHAT, COMPLETIONS
-from jobs.settings import default_cache_dir
+from jobs.core.errors import InvalidRequest
+from jobs.core.settings import default_cache_dir
+from jobs.protocol.requests import CHAT, COMPLETIONS
+from workers.engines.generation import Collect, FinishReason, GenerationEngine, Usage
+from workers.engines.request import GenRequest, build_request
+from workers.engines.responses import generation_body, top_count
 from workers.engines.vllm import VllmEngine
-from workers.generation import Collect, FinishReason, GenerationEngine, Usage
-from workers.generation_request import GenRequest, build_request
-from workers.responses import generation_body, top_count
-from workers.runtime.chat import ChatModel, ChatTokens
+from workers.models.chat import ChatModel, ChatTokens
 
 SMOL = "SmolLM2-135M-Instruct"
 PROMPTS = ["What is the capital of France?", "Name three animals.", "Count from one to five.",
@@ -34,7 +34,7 @@ PROMPTS = ["What is the capital of France?", "Name three animals.", "Count from 
 
 @pytest.fixture(scope="module")
 def smol_dir():  # type: ignore[no-untyped-def]
-    from workers.runtime.importers import converted_dir, smollm2_gguf
+    from workers.models.importers import converted_dir, smollm2_gguf
 
     return converted_dir(default_cache_dir(), SMOL, "1", smollm2_gguf())
 
@@ -270,10 +270,10 @@ def test_a_model_vllm_cannot_run_here_falls_back_or_fails_at_load(tmp_path) -> N
     """vLLM's CPU attention has no kernel for 16-wide heads: the engine fails at load
     (its warm-up token), a version registered as auto runs on the transformers engine,
     and one registered with engine vllm is unavailable, saying why."""
-    from jobs.errors import Unavailable
-    from jobs.models import Model
-    from jobs.settings import Settings
-    from workers.worker_runtime import generation_engine
+    from jobs.core.errors import Unavailable
+    from jobs.core.schema import Model
+    from jobs.core.settings import Settings
+    from workers.process.runtime import generation_engine
 
     tiny_llama_16_wide_heads(tmp_path)
     with pytest.raises(Exception, match="head_dim=16"):

@@ -9,10 +9,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-from jobs import webhooks
-from jobs.context import Context
-from jobs.deliveries import backoff
-from jobs.settings import Settings
+from jobs.core.context import Context
+from jobs.core.settings import Settings
+from jobs.webhooks import events as webhooks
+from jobs.webhooks.deliveries import backoff
 
 SDK = OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
 

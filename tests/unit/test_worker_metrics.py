@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from workers import metrics
+from workers.process import metrics
 
 
 def value(name: str, **labels: str) -> float:

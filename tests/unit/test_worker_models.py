@@ -10,11 +10,11 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from jobs.context import Context
-from jobs.errors import InvalidRequest, ModelNotLoaded, NotFound
-from jobs.models import Model
-from jobs.requests import CHAT, EmbeddingsBody
-from workers.residency import Residency, Resident
+from jobs.core.context import Context
+from jobs.core.errors import InvalidRequest, ModelNotLoaded, NotFound
+from jobs.core.schema import Model
+from jobs.protocol.requests import CHAT, EmbeddingsBody
+from workers.models.residency import Residency, Resident
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -46,8 +46,8 @@ def test_another_model_is_refused(minilm) -> None:  # type: ignore[no-untyped-de
 
 
 def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(minilm, minilm_engine) -> None:  # type: ignore[no-untyped-def]
-    from workers.embedding_engine import BATCH
-    from workers.runners import EmbeddingRunner
+    from workers.engines.embeddings import BATCH
+    from workers.shards.runners import EmbeddingRunner
 
     residency = Residency(cast(Context, None), loader=refuse_loads)
     residency.hold(Resident(Model(name=MODEL, version="1", kind="embeddings", files=[]), 0,
@@ -100,8 +100,8 @@ def test_chat_for_a_model_not_held_is_refused_without_loading(held: str) -> None
 
 
 def test_generation_batch_rows_for_a_model_not_held_get_error_lines() -> None:
-    from workers.embedding_engine import BATCH
-    from workers.runners import GenerationRunner
+    from workers.engines.embeddings import BATCH
+    from workers.shards.runners import GenerationRunner
 
     residency, _ = chat_residency("")
     runner = GenerationRunner(lambda name: residency.chat(name, None), CHAT)

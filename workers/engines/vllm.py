@@ -8,7 +8,7 @@ the lanes submitted into vLLM (``add_request`` with the request's priority: vLLM
 priority scheduling serves realtime, 0, first), aborts what its caller no longer
 wants, and steps the engine; each step's outputs (``RequestOutputKind.DELTA``: the new
 text and tokens) are delivered to the sinks as the transformers engine delivers them
-(``workers.generation``: ``start``, ``delta``, ``finish`` with the usage, ``fail``).
+(``workers.engines.generation``: ``start``, ``delta``, ``finish`` with the usage, ``fail``).
 
 Rows for realtime: vLLM preempts running sequences only when its key/value cache is
 full, never to free a row, so batch work (jobs, shards, flex) is let into vLLM up to
@@ -19,7 +19,7 @@ priority, then arrival.
 Several choices (``n``, ``best_of``), log probabilities or an echo: the request's
 ``best_of`` sequences are vLLM requests of their own (sequence i seeded seed + i, as on
 the transformers engine), told to the request's sink as choices by the same
-``workers.generation._Fan``. Log probabilities are vLLM's processed ones (after
+``workers.engines.generation._Fan``. Log probabilities are vLLM's processed ones (after
 penalties, bias, temperature and top-p), each token's text and bytes as the
 transformers engine reports them; a token that top-p excluded has no finite log
 probability and is reported at ``FLOOR``.
@@ -59,9 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.errors import InvalidRequest
-from jobs.usage import split
-from workers.generation import (
+from jobs.core.errors import InvalidRequest
+from jobs.tenants.usage import split
+from workers.engines.generation import (
     FinishReason,
     GenStats,
     Sink,
@@ -70,10 +70,10 @@ from workers.generation import (
     _Branch,
     sequences,
 )
-from workers.generation_request import GenRequest
-from workers.responses import TokenLogprob
-from workers.runtime.chat import ChatTokens
-from workers.sampling import FLOOR  # a token the sampler excluded (OpenAI's floor)
+from workers.engines.request import GenRequest
+from workers.engines.responses import TokenLogprob
+from workers.engines.sampling import FLOOR  # a token the sampler excluded (OpenAI's floor)
+from workers.models.chat import ChatTokens
 
 log = logging.getLogger("inferq.vllm")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

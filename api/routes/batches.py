@@ -1,0 +1,125 @@
+"""/v1/batches: create, retrieve, list, cancel, a batch's events (Server-Sent Events) and
+its partial output."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
+from sqlalchemy.exc import DBAPIError
+
+from api import streams
+from api.current import context
+from api.idempotency import idempotent
+from api.schemas import batch_object, json_body, optional_json_body, page, page_params
+from jobs.batches import partial, progress, retry, service
+from jobs.batches.retry import BatchRetry
+from jobs.core.queries import ShardSums
+from jobs.core.settings import Settings
+from jobs.protocol.requests import BatchCreate, parse_model
+
+bp = Blueprint("batches", __name__)
+log = logging.getLogger("inferq.api")
+
+
+@bp.post("/batches")
+@idempotent
+def create() -> Any:
+    req = parse_model(BatchCreate, json_body())
+    b = service.create_batch(context(), g.tenant_id, req, g.api_key_id)
+    return batch_object(b, ShardSums())
+
+
+@bp.get("/batches/<batch_id>")
+def retrieve(batch_id: str) -> Any:
+    return batch_object(*service.get_batch(context(), g.tenant_id, batch_id))
+
+
+@bp.get("/batches")
+def list_() -> Any:
+    after, limit = page_params()
+    rows, more = service.list_batches(context(), g.tenant_id, after, limit)
+    return page([batch_object(b, sums) for b, sums in rows], more)
+
+
+@bp.post("/batches/<batch_id>/cancel")
+def cancel(batch_id: str) -> Any:
+    service.cancel_batch(context(), g.tenant_id, batch_id)
+    return batch_object(*service.get_batch(context(), g.tenant_id, batch_id))
+
+
+@bp.get("/batches/<batch_id>/output")
+def output(batch_id: str) -> Response:
+    """The output lines of the chunks committed since the cursor ``after`` while the
+    batch runs (docs/API.md, Partial results); the next cursor is a response header."""
+    a = request.args
+    out = partial.partial_output(context(), g.tenant_id, batch_id, a.get("partial"),
+                                 a.get("after") or None, a.get("kind"))
+    return Response(stream_with_context(out.blocks), mimetype="application/jsonl", headers={
+        "inferq-next-cursor": out.next_cursor, "inferq-batch-status": str(out.batch.status),
+        "inferq-chunks": str(out.chunks), "inferq-complete": "true" if out.complete else "false",
+        "Cache-Control": "no-store"})
+
+
+@bp.post("/batches/<batch_id>/retry")
+@idempotent
+def retry_(batch_id: str) -> Any:
+    """A child batch of the batch's failed requests (docs/API.md, Reruns)."""
+    req = parse_model(BatchRetry, optional_json_body())
+    b = retry.retry(context(), g.tenant_id, batch_id, req.error_codes, g.api_key_id)
+    return batch_object(b, ShardSums())
+
+
+@bp.get("/batches/<batch_id>/merged_output")
+def merged_output(batch_id: str) -> Response:
+    """Each request of the batch once, with its latest result (its reruns' included)."""
+    fmt, blocks = retry.merged_output(context(), g.tenant_id, batch_id)
+    return Response(stream_with_context(blocks), mimetype=(
+        "application/octet-stream" if fmt == "parquet" else "application/jsonl"),
+        headers={"Cache-Control": "no-store"})
+
+
+@bp.get("/batches/<batch_id>/events")
+def events(batch_id: str) -> Response:
+    """The batch's status changes and counts as Server-Sent Events, until its terminal
+    status (docs/API.md). A bad Last-Event-ID and another project's id are plain JSON
+    errors: nothing is streamed before the batch is read."""
+    ctx, tenant_id = context(), g.tenant_id
+    seen = progress.parse_position(request.headers.get("Last-Event-ID"))
+    first = progress.read(ctx, tenant_id, batch_id)
+    progress.check_resumable(first, seen)
+    if first.terminal and seen.rank == progress.TERMINAL_RANK:
+        return Response(status=204)  # it has ended and the client saw it: do not reconnect
+    give_back = streams.take(tenant_id)
+    watcher: progress.Watcher = current_app.extensions["inferq_watcher"]
+    resp = Response(_sse(first, seen, watcher, ctx.settings, give_back),
+                    mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp.call_on_close(give_back)  # also if it was never read
+    return resp
+
+
+def _sse(first: progress.Snapshot, seen: progress.Position, watcher: progress.Watcher,
+         st: Settings, give_back: Callable[[], None]) -> Iterator[bytes]:
+    """The stream, its batch followed by the process's watcher while it is open."""
+    yield f"retry: {max(int(st.events_poll_s * 1000), 1000)}\n\n".encode()
+    try:
+        with watcher.following(first.batch.tenant_id, first) as next_snapshot:
+            for ev in progress.follow(first, seen, next_snapshot,
+                                      keepalive_s=st.events_keepalive_s, max_s=st.events_max_s):
+                yield b": keep-alive\n\n" if ev is None else _event(ev)
+    except DBAPIError as e:  # the database went away mid-stream: the client resumes later
+        log.warning("batch event stream ended: %s", e)
+        yield b": the database is unavailable; reconnect with Last-Event-ID\n\n"
+    finally:
+        give_back()
+
+
+def _event(ev: progress.Event) -> bytes:
+    b = batch_object(ev.snapshot.batch, ev.snapshot.sums)
+    data = {"object": "batch.progress", "batch_id": b["id"], "status": ev.status,
+            "created_at": ev.at, "request_counts": b["request_counts"], "usage": b["usage"]}
+    return (f"id: {ev.id}\nevent: {ev.kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n")

@@ -1,0 +1,40 @@
+"""/v1/jobs: one asynchronous request for any endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, g
+
+from api.current import admit, context
+from api.idempotency import idempotent
+from api.schemas import json_body
+from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core.schema import new_id
+from jobs.protocol.requests import parse_model
+from jobs.tenants import limits
+from jobs.webhooks import events as webhooks
+
+bp = Blueprint("jobs", __name__)
+
+
+@bp.post("/jobs")
+@idempotent
+def create() -> Any:
+    req: asyncjobs.JobCreate = parse_model(asyncjobs.JobCreate, json_body())
+    ctx = context()
+    clean = asyncjobs.validate(ctx, req.endpoint, req.body)
+    if req.callback_url is not None:
+        webhooks.check_callback(ctx, g.tenant_id, req.callback_url)
+    job_id = new_id("job_")  # its reservation is settled by id when the job completes
+    admit(clean["model"], limits.request_tokens(
+        req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
+    job = asyncjobs.create(ctx, g.tenant_id, req.endpoint, req.body,
+                           callback_url=req.callback_url, api_key_id=g.api_key_id,
+                           job_id=job_id)
+    return asyncjobs.job_object(job), 200
+
+
+@bp.get("/jobs/<job_id>")
+def retrieve(job_id: str) -> Any:
+    return asyncjobs.job_object(asyncjobs.get(context(), g.tenant_id, job_id))

@@ -1,0 +1,121 @@
+"""/v1/webhook_endpoints: a project's webhook endpoints, as the ``openai`` SDK's
+``client.webhooks`` calls them (create, retrieve, update, list, delete, rotate_secret,
+test; ``/v1/webhook_event_types``), plus inferq extensions: an endpoint's delivery log
+(``GET .../deliveries``), resending a delivery (``POST .../deliveries/{id}/resend``)
+and the project's secret for per-request callbacks (``/v1/webhook_callback_secret``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, g, request
+
+from api.current import context
+from api.schemas import ID, json_body, optional_json_body, page, page_params
+from jobs.core.errors import InvalidRequest, NotFound, shown
+from jobs.protocol.requests import parse_model
+from jobs.webhooks import deliveries as outbox
+from jobs.webhooks import events as webhooks
+
+bp = Blueprint("webhooks", __name__)
+
+PATH_IDS = {"webhook_endpoint_id": "webhook endpoint", "delivery_id": "delivery"}
+
+
+@bp.before_request
+def _check_path_ids() -> None:
+    """An id no object can have is a 404 before any lookup (PostgreSQL refuses NUL)."""
+    for name, value in (request.view_args or {}).items():
+        if name in PATH_IDS and not ID.fullmatch(value):
+            raise NotFound(f"No such {PATH_IDS[name]}: {shown(value)}", param=name)
+
+
+@bp.post("/webhook_endpoints")
+def create() -> Any:
+    req = parse_model(webhooks.EndpointCreate, json_body())
+    return webhooks.endpoint_object(webhooks.create_endpoint(context(), g.tenant_id, req),
+                                    with_secret=True)
+
+
+@bp.get("/webhook_endpoints")
+def list_() -> Any:
+    after, limit = page_params()
+    rows, more = webhooks.list_endpoints(context(), g.tenant_id, after, limit)
+    return page([webhooks.endpoint_object(e) for e in rows], more)
+
+
+@bp.get("/webhook_endpoints/<webhook_endpoint_id>")
+def retrieve(webhook_endpoint_id: str) -> Any:
+    return webhooks.endpoint_object(
+        webhooks.get_endpoint(context(), g.tenant_id, webhook_endpoint_id))
+
+
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>")
+def update(webhook_endpoint_id: str) -> Any:
+    req = parse_model(webhooks.EndpointUpdate, optional_json_body())
+    return webhooks.endpoint_object(
+        webhooks.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req))
+
+
+@bp.delete("/webhook_endpoints/<webhook_endpoint_id>")
+def delete(webhook_endpoint_id: str) -> Any:
+    webhooks.delete_endpoint(context(), g.tenant_id, webhook_endpoint_id)
+    return {"id": webhook_endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+
+
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret")
+def rotate_secret(webhook_endpoint_id: str) -> Any:
+    req = parse_model(webhooks.RotateSecret, optional_json_body())
+    e = webhooks.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
+                               req.keep_old_secret_active_for_24_hours)
+    return webhooks.endpoint_object(e, with_secret=True)
+
+
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>/test")
+def test(webhook_endpoint_id: str) -> Any:
+    """A result (``success: true``) only for a test that delivered, by the rule of every
+    delivery (a 2xx answer); any other answer is a 400 ``webhook_test_failed`` saying
+    what the endpoint answered, no answer at all a 400 ``webhook_unreachable``."""
+    e = webhooks.get_endpoint(context(), g.tenant_id, webhook_endpoint_id)
+    req = parse_model(webhooks.TestSend, json_body())
+    outcome = outbox.send_test(context(), e, req.event_type)
+    if outcome.status is None:
+        raise InvalidRequest(f"the endpoint did not answer: {outcome.error}",
+                             param="webhook_endpoint_id", code="webhook_unreachable")
+    if not outcome.delivered:
+        raise InvalidRequest(f"the test event was not delivered: {outcome.failure}",
+                             param="webhook_endpoint_id", code="webhook_test_failed")
+    return {"object": "webhook_endpoint.test", "webhook_endpoint_id": webhook_endpoint_id,
+            "event_type": req.event_type, "status_code": outcome.status, "success": True}
+
+
+@bp.get("/webhook_event_types")
+def event_types() -> Any:
+    return {"object": "list", "data": list(webhooks.EVENT_TYPES)}
+
+
+@bp.get("/webhook_endpoints/<webhook_endpoint_id>/deliveries")
+def deliveries(webhook_endpoint_id: str) -> Any:
+    after, limit = page_params()
+    rows, more = webhooks.list_deliveries(context(), g.tenant_id, webhook_endpoint_id, after,
+                                          limit)
+    return page([webhooks.delivery_object(*r) for r in rows], more)
+
+
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>/deliveries/<delivery_id>/resend")
+def resend(webhook_endpoint_id: str, delivery_id: str) -> Any:
+    return webhooks.delivery_object(
+        *webhooks.resend(context(), g.tenant_id, webhook_endpoint_id, delivery_id))
+
+
+@bp.get("/webhook_callback_secret")
+def callback_secret() -> Any:
+    return webhooks.callback_secret_object(webhooks.get_callback_secret(context(), g.tenant_id))
+
+
+@bp.post("/webhook_callback_secret")
+def rotate_callback_secret() -> Any:
+    req = parse_model(webhooks.RotateSecret, optional_json_body())
+    row = webhooks.rotate_callback_secret(context(), g.tenant_id,
+                                          req.keep_old_secret_active_for_24_hours)
+    return webhooks.callback_secret_object(row, with_secret=True)

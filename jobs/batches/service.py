@@ -1,0 +1,419 @@
+"""Use cases behind the HTTP API and the control tasks: validate everything,
+write once, commit, and only then send the messages the commit made valid."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from typing import IO, NamedTuple
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from jobs.batches import datasets, fairshare, views
+from jobs.batches.sharding import TokenCounter, validate_and_shard
+from jobs.core import queries as repo
+from jobs.core.context import Context
+from jobs.core.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    Unauthorized,
+    shown,
+    transient,
+)
+from jobs.core.schema import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
+from jobs.core.status import TERMINAL, BatchStatus
+from jobs.fleet import catalog, registry
+from jobs.protocol.requests import EMBEDDINGS, BatchCreate, no_dimensions
+from jobs.tenants import limits
+from jobs.webhooks import events as webhooks
+from storage import keys
+from storage.objects import ObjectNotFound
+from storage.parquet import is_parquet
+
+log = logging.getLogger("inferq.service")
+
+UPLOAD_PURPOSES = ("batch",)
+WINDOW_SECONDS = {"24h": 24 * 3600}
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def create_tenant(ctx: Context, name: str) -> tuple[str, str]:
+    """A tenant and its first API key; returns (tenant_id, key). The key is shown once."""
+    key = "iq-" + secrets.token_urlsafe(32)
+    with ctx.db.session() as s:
+        return _add_key(s, name, key), key
+
+
+def ensure_key(ctx: Context, tenant_name: str, key: str) -> str:
+    """Make ``key`` valid for the tenant (idempotent); used for the dev key of ``inferq up``."""
+    with ctx.db.session() as s:
+        if (tid := repo.tenant_for_key_hash(s, hash_key(key))) is not None:
+            return tid
+        return _add_key(s, tenant_name, key)
+
+
+def _add_key(s: Session, tenant_name: str, key: str) -> str:
+    """Store ``key`` for the tenant named ``tenant_name`` (created if new); its id."""
+    tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
+    if tenant is None:
+        tenant = Tenant(id=new_id("proj_"), name=tenant_name)
+        s.add(tenant)
+        s.flush()
+    s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
+                 prefix=key[:10], suffix=key[-4:]))
+    return tenant.id
+
+
+class Principal(NamedTuple):
+    """Who a project key speaks for."""
+
+    tenant_id: str
+    api_key_id: str
+
+
+def authenticate(ctx: Context, key: str | None) -> Principal:
+    """The project and key behind ``key``. Every request reads the key's row, so a
+    revoked key, an archived project or an expired key is refused at once in every
+    API process. ``last_used_at`` is written at most once a minute per key."""
+    if not key:
+        raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+    t = now()
+    with ctx.db.session() as s:
+        row = repo.key_principal(s, hash_key(key), t)
+        if row is not None:
+            repo.touch_key(s, row.api_key_id, t)
+    if row is None:
+        raise Unauthorized("Incorrect API key provided")
+    return Principal(row.tenant_id, row.api_key_id)
+
+
+def authenticate_admin(ctx: Context, key: str | None) -> str:
+    """The admin key behind ``key``; a project key is refused (403), any other 401."""
+    if not key:
+        raise Unauthorized("Missing admin API key: send 'Authorization: Bearer <admin key>'")
+    with ctx.db.session() as s:
+        admin_id = repo.admin_key_id(s, hash_key(key))
+        if admin_id is None and repo.key_principal(s, hash_key(key), now()) is not None:
+            raise PermissionDenied("a project API key cannot use the Admin API: use an "
+                                   "admin key (OPENAI_ADMIN_KEY)")
+    if admin_id is None:
+        raise Unauthorized("Incorrect admin API key provided")
+    return admin_id
+
+
+def ensure_admin_key(ctx: Context, key: str) -> str:
+    """Make ``key`` a valid admin key (idempotent); used for the admin key of ``inferq up``."""
+    with ctx.db.session() as s:
+        if (admin_id := repo.admin_key_id(s, hash_key(key))) is not None:
+            return admin_id
+        k = AdminKey(id=new_id("key_"), key_hash=hash_key(key), prefix=key[:10],
+                     suffix=key[-4:], name="inferq up")
+        s.add(k)
+        return k.id
+
+
+def register_builtin_models(ctx: Context) -> None:
+    """Publish the builtin models that ship ready to serve in an installed package
+    (no conversion, no torch) and are not registered yet. Models that need a
+    conversion are imported by ``inferq models import`` (workers.models.importers)."""
+    for name in registry.missing_builtins(ctx):
+        registry.publish_packaged(ctx, name)
+
+
+def list_models(ctx: Context) -> list[Model]:
+    """The default version of each registered model, by name."""
+    return registry.list_models(ctx)
+
+
+# Files ---------------------------------------------------------------------------------
+
+
+def create_file(ctx: Context, tenant_id: str, filename: str, purpose: str,
+                stream: IO[bytes], expires_after: int | None = None) -> File:
+    """Stream an upload into the object store and record it; it expires
+    ``expires_after`` seconds after it is made, if given."""
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(f"purpose must be one of: {', '.join(UPLOAD_PURPOSES)}",
+                             param="purpose")
+    head = stream.read(4)
+    if not head:
+        raise InvalidRequest("the uploaded file is empty", param="file", code="empty_file")
+    stream.seek(0)
+    file_id = new_id("file-")
+    key = keys.file_object(file_id)
+    size = ctx.store.put_stream(key, stream)
+    t = now()
+    f = File(id=file_id, tenant_id=tenant_id, filename=filename[:512] or "upload",
+             purpose=purpose, format="parquet" if is_parquet(head) else "jsonl", bytes=size,
+             object_key=key, created_at=t,
+             expires_at=None if expires_after is None else t + expires_after)
+    with ctx.db.session() as s:
+        s.add(f)
+    return f
+
+
+def get_file(ctx: Context, tenant_id: str, file_id: str) -> File:
+    with ctx.db.session() as s:
+        f = repo.get_file(s, tenant_id, file_id)
+    if f is None:
+        raise NotFound(f"No such File object: {file_id}", param="file_id")
+    return f
+
+
+def list_files(ctx: Context, tenant_id: str, after: str | None, limit: int,
+               purpose: str | None) -> tuple[list[File], bool]:
+    extra = [repo.file_exists()] + ([File.purpose == purpose] if purpose else [])
+    with ctx.db.session() as s:
+        return repo.page(s, File, tenant_id, after, limit, extra)
+
+
+def delete_file(ctx: Context, tenant_id: str, file_id: str) -> None:
+    """Delete a file; refused (409 ``file_in_use``) while a batch that has not ended
+    takes it as its input."""
+    with ctx.db.session() as s:
+        f = repo.get_file(s, tenant_id, file_id, lock=True)
+        if f is None:
+            raise NotFound(f"No such File object: {file_id}", param="file_id")
+        using = s.scalar(select(Batch.id).where(Batch.input_file_id == file_id,
+                                                Batch.status.not_in(TERMINAL)).limit(1))
+        if using is not None:
+            raise Conflict(f"file {file_id} is the input of batch {using}, which has not "
+                           "ended: cancel it or wait for it to end first", param="file_id",
+                           code="file_in_use")
+        f.deleted = True
+        key = f.object_key
+    ctx.store.delete(key)
+
+
+def open_file_content(ctx: Context, tenant_id: str, file_id: str) -> tuple[File, IO[bytes]]:
+    f = get_file(ctx, tenant_id, file_id)
+    return f, ctx.store.open(f.object_key)
+
+
+# Batches -------------------------------------------------------------------------------
+
+
+def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
+                 api_key_id: str | None = None, parent_batch_id: str | None = None) -> Batch:
+    """Store the batch (with the key that created it: its usage is billed to it) and
+    ask for its validation. A ``callback_url`` (inferq extension) also receives its
+    terminal event."""
+    if req.callback_url is not None:
+        webhooks.check_callback(ctx, tenant_id, req.callback_url)
+    dataset = None
+    if req.input_dataset is not None:
+        if "model" not in req.body:
+            raise InvalidRequest('a dataset names no model: give the batch\'s body.model (e.g. '
+                                 '"body": {"model": "all-MiniLM-L6-v2"}; --model in the CLI)',
+                                 param="body.model", code="missing_model")
+        if not isinstance(req.body["model"], str):
+            raise InvalidRequest("body.model must be a string", param="body.model")
+        catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model")
+        dataset = datasets.create_input(ctx, tenant_id, req.endpoint, req.input_dataset,
+                                        req.output_dataset, req.body)
+    with ctx.db.session() as s:
+        if dataset is not None:
+            s.add(dataset)
+            s.flush()
+        f = repo.get_file(s, tenant_id, dataset.id if dataset else req.input_file_id or "",
+                          lock=True)
+        if f is None:
+            raise NotFound(f"No such File object: {req.input_file_id}", param="input_file_id")
+        if f.purpose != "batch":
+            raise InvalidRequest(f"file {f.id} has purpose {f.purpose!r}; a batch input needs "
+                                 "purpose 'batch'", param="input_file_id")
+        if "model" in req.body:
+            if not isinstance(req.body["model"], str):
+                raise InvalidRequest("body.model must be a string", param="body.model")
+            info = catalog.cached(ctx).require(req.body["model"], req.endpoint,
+                                               param="body.model")
+            if (req.endpoint == EMBEDDINGS and "dimensions" in req.body
+                    and not info.matryoshka):  # every line would fail
+                raise no_dimensions(info.name, param="body.dimensions")
+        elif f.format in ("parquet", "dataset"):
+            raise InvalidRequest("a Parquet input names no model: give the batch's body.model "
+                                 '(e.g. "body": {"model": "all-MiniLM-L6-v2"}; --model in the '
+                                 "CLI)", param="body.model", code="missing_model")
+        created = now()
+        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, api_key_id=api_key_id,
+                  endpoint=req.endpoint,
+                  input_file_id=f.id, completion_window=req.completion_window,
+                  service_tier="flex" if req.service_tier == "flex" else "default",
+                  status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
+                  callback_url=req.callback_url, created_at=created,
+                  expires_at=created + WINDOW_SECONDS[req.completion_window],
+                  output_expires_after=(req.output_expires_after.seconds
+                                        if req.output_expires_after else None),
+                  parent_batch_id=parent_batch_id)
+        s.add(b)
+    ctx.dispatcher.validate(b.id)
+    return b
+
+
+def get_batch(ctx: Context, tenant_id: str, batch_id: str) -> tuple[Batch, repo.ShardSums]:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, tenant_id, batch_id)
+        if b is None:
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        return b, repo.shard_sums(s, [b.id]).get(b.id, repo.ShardSums())
+
+
+def list_batches(ctx: Context, tenant_id: str, after: str | None, limit: int
+                 ) -> tuple[list[tuple[Batch, repo.ShardSums]], bool]:
+    with ctx.db.session() as s:
+        rows, more = repo.page(s, Batch, tenant_id, after, limit)
+        sums = repo.shard_sums(s, [b.id for b in rows])
+    return [(b, sums.get(b.id, repo.ShardSums())) for b in rows], more
+
+
+def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
+    finalize = False
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, tenant_id, batch_id, lock=True)
+        if b is None:
+            raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
+        if b.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return b
+        if b.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+            raise Conflict(f"Cannot cancel a batch with status {b.status!r}", param="batch_id")
+        was = b.status
+        b.status, b.cancelling_at = BatchStatus.CANCELLING, now()
+        if was == BatchStatus.IN_PROGRESS:
+            repo.cancel_queued_shards(s, b.id)
+            s.flush()
+            finalize = repo.unfinished_shards(s, b.id) == 0
+    if finalize:
+        ctx.dispatcher.finalize(batch_id)
+    return b
+
+
+# Control: validation and sharding ---------------------------------------------------------
+
+
+def validate_batch(ctx: Context, batch_id: str, count_tokens: TokenCounter | None = None
+                   ) -> None:
+    """Control task body: validate + shard the input, then queue the shards.
+
+    ``count_tokens``: the prompt tokens of each valid request, counted with the
+    model's tokenizer (the control worker passes workers.models.token_count's); the
+    batch's input tokens are their upper bound without it.
+
+    A failure that trying again would only repeat (as opposed to a backend briefly
+    unreachable, which the task retries) fails the batch, once, with the reason."""
+    try:
+        _validate(ctx, batch_id, count_tokens)
+    except Exception as e:
+        if transient(e) or not _fail_validation(ctx, batch_id, e):
+            raise
+        log.exception("batch %s: validation failed", batch_id)
+
+
+def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
+    """End a batch whose validation failed; False if it had got past validation."""
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is None or b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return False
+        if b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+        else:
+            b.status, b.failed_at = BatchStatus.FAILED, now()
+            b.errors = [{"code": "validation_failed", "line": None, "param": None,
+                         "message": f"the input file could not be validated "
+                                    f"({_told(e)})"}]
+        webhooks.batch_ended(ctx, s, b)
+    try:  # shards it may have written
+        ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+    except Exception:  # noqa: BLE001 - the batch has ended; its objects are only left over
+        log.exception("batch %s: could not delete its objects", batch_id)
+    return True
+
+
+def _told(e: Exception) -> str:
+    """Why validation failed, as a client may read it: never the service's object keys
+    or object-store replies (those go to the control worker's log)."""
+    if isinstance(e, ObjectNotFound):
+        return "its content is no longer in the object store"
+    if type(e).__module__.split(".")[0] in ("botocore", "boto3", "s3transfer"):
+        return f"the object store failed: {type(e).__name__}"
+    return f"{type(e).__name__}: {shown(e, 300)}"
+
+
+def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) -> None:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id)
+        if b is None or b.status != BatchStatus.VALIDATING:
+            if b is not None and b.status == BatchStatus.CANCELLING:
+                _mark_cancelled_before_start(ctx, batch_id)
+            return
+        f = s.get(File, b.input_file_id)
+        assert f is not None
+        endpoint, defaults, file_key, fmt = b.endpoint, dict(b.defaults), f.object_key, f.format
+    st = ctx.settings
+    models = catalog.load(ctx)
+    plan = validate_and_shard(
+        ctx.store, batch_id=batch_id, file_key=file_key, file_format=fmt, endpoint=endpoint,
+        defaults=defaults, shard_rows=st.shard_rows, max_line=st.max_line_bytes,
+        max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
+        models=models, count_tokens=count_tokens,
+        read_dataset=views.reader(defaults, models, st.max_line_bytes))
+    default = registry.get_default(ctx, plan.model) if plan.model else None
+    pinned = default.version if default is not None else None
+    shard_ids: list[str] = []
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        assert b is not None
+        if b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+            return  # a concurrent delivery of this task got here first
+        if b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            webhooks.batch_ended(ctx, s, b)
+            ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+            return
+        if plan.errors:
+            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), plan.errors
+            webhooks.batch_ended(ctx, s, b)
+            return
+        over = limits.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens,
+                                        exact=plan.exact_tokens)
+        if over is not None:  # past the project's batch input tokens of the day
+            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), [over]
+            webhooks.batch_ended(ctx, s, b)
+            ctx.store.delete_prefix(keys.batch_prefix(batch_id))
+            return
+        b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
+        b.model_version = pinned  # the default version now: the batch keeps it to the end
+        b.input_tokens = plan.input_tokens
+        b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
+        sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn
+        new_shards = []
+        for index, rows in enumerate(plan.shards):
+            sid = f"{batch_id}.{index:06d}"
+            view = plan.views[index] if plan.views else None
+            new_shards.append({
+                "id": sid, "batch_id": batch_id, "index": index, "rows": rows,
+                "object_key": file_key if view else keys.shard_input(batch_id, index),
+                "source": view, "dispatched_at": sent_at})
+            shard_ids.append(sid)
+        if new_shards:  # one INSERT of many rows: a dataset has thousands of shards
+            s.execute(insert(Shard), new_shards)
+        tier = b.service_tier
+    if shard_ids:
+        fairshare.after_validation(ctx, shard_ids, tier)
+    else:
+        ctx.dispatcher.finalize(batch_id)
+
+
+def _mark_cancelled_before_start(ctx: Context, batch_id: str) -> None:
+    with ctx.db.session() as s:
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        if b is not None and b.status == BatchStatus.CANCELLING:
+            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            webhooks.batch_ended(ctx, s, b)

@@ -1,0 +1,1 @@
+"""Projects (tenants), their service accounts and API keys, rate limits, usage and costs."""

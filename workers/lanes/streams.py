@@ -1,0 +1,122 @@
+"""Token streams of realtime generation, worker side: the events of each stream are
+published on its Redis channel, and callers that went away are heard of.
+
+The API subscribes to a request's channel before it enqueues the request and
+publishes the request id on the cancel channel when its client disconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import redis
+
+from jobs.core.status import StreamEvent
+from jobs.realtime import client as realtime
+from workers.engines.responses import failure
+
+if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
+    from workers.engines.generation import FinishReason, Usage
+
+log = logging.getLogger("inferq.streams")
+
+
+class Publisher(threading.Thread):
+    """Publishes stream events off the engine thread, a pipeline per burst."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        super().__init__(name="inferq-publisher", daemon=True)
+        self.r = r
+        self.q: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+
+    def put(self, channel: str, data: bytes) -> None:
+        self.q.put((channel, data))
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                batch = [self.q.get(timeout=0.5)]
+            except queue.Empty:
+                continue
+            while not self.q.empty() and len(batch) < 512:
+                batch.append(self.q.get_nowait())
+            try:
+                with self.r.pipeline(transaction=False) as p:
+                    for ch, data in batch:
+                        p.publish(ch, data)
+                    p.execute()
+            except redis.RedisError as e:  # subscribers see the gap and end their streams
+                log.warning("publishing %d stream events failed: %s", len(batch), e)
+
+
+class CancelListener(threading.Thread):
+    """Request ids whose caller went away (published by the API on disconnect)."""
+
+    def __init__(self, r: redis.Redis, ttl_s: float = 600) -> None:
+        super().__init__(name="inferq-cancels", daemon=True)
+        self.r, self.ttl_s = r, ttl_s
+        self.ids: dict[str, float] = {}
+        self.stopping = threading.Event()
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.ids
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                with self.r.pubsub(ignore_subscribe_messages=True) as ps:
+                    ps.subscribe(realtime.CANCEL_CHANNEL)
+                    while not self.stopping.is_set():
+                        msg = ps.get_message(timeout=0.5)
+                        if msg is not None:
+                            self.heard(msg["data"].decode())
+            except redis.RedisError as e:
+                log.warning("cancel listener: %s; resubscribing", e)
+                self.stopping.wait(1)
+
+    def heard(self, rid: str) -> None:
+        now = time.time()
+        self.ids[rid] = now
+        if len(self.ids) > 10_000:
+            self.ids = {k: t for k, t in self.ids.items() if now - t < self.ttl_s}
+
+
+class PubSink:
+    """Engine sink for one realtime stream: numbered events on the request's channel."""
+
+    def __init__(self, publisher: Publisher, rid: str, cancels: CancelListener) -> None:
+        self.publisher, self.rid, self.cancels = publisher, rid, cancels
+        self.channel = realtime.stream_channel(rid)
+        self.n = 0
+
+    def _send(self, ev: dict[str, Any]) -> None:
+        ev["n"] = self.n
+        self.n += 1
+        self.publisher.put(self.channel, orjson.dumps(ev))
+
+    def start(self) -> None:
+        self._send({"t": StreamEvent.START})
+
+    def delta(self, text: str) -> None:
+        self._send({"t": StreamEvent.DELTA, "text": text})
+
+    def finish(self, reason: FinishReason, usage: Usage) -> None:
+        self._send({"t": StreamEvent.DONE, "finish_reason": reason,
+                    "prompt_tokens": usage.prompt_tokens,
+                    "completion_tokens": usage.completion_tokens,
+                    "batch_rows": usage.batch_rows})
+
+    def fail(self, error: Exception) -> None:
+        self.error(*failure(error))
+
+    def error(self, status: int, err: dict[str, Any]) -> None:
+        self._send({"t": StreamEvent.ERROR, "status": status, "error": err})
+
+    def cancelled(self) -> bool:
+        return self.rid in self.cancels

@@ -1,0 +1,1 @@
+"""Batch shards on a worker: claimed, read in chunks, run, written and checkpointed."""
