@@ -25,13 +25,14 @@ from api.routes import (
 )
 from api.schemas import MAX_JSON_BODY, check_path_ids
 from api.streams import StreamSlots
-from jobs.batches import progress, service
+from jobs.batches import progress
 from jobs.core import logs, tracing
 from jobs.core.context import Context
 from jobs.core.schema import new_id
 from jobs.core.settings import Settings
 from jobs.slo import admission
 from jobs.slo.dashboard import viewer as dashboard_viewer
+from jobs.tenants import auth
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -96,12 +97,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
         if request.blueprint in administered:
-            g.admin_key_id = service.authenticate_admin(context(), key)
+            g.admin_key_id = auth.authenticate_admin(context(), key)
         elif request.blueprint in viewed:
             g.viewer = dashboard_viewer(context(), key)
             g.tenant_id = g.viewer.project_id
         else:
-            g.tenant_id, g.api_key_id = service.authenticate(context(), key)
+            g.tenant_id, g.api_key_id = auth.authenticate(context(), key)
             logs.bind(project_id=g.tenant_id)
         check_path_ids(request.view_args or {})
 

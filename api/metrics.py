@@ -45,10 +45,10 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.errors import PermissionDenied, Unauthorized
 from jobs.slo import dashboard
+from jobs.tenants import auth
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REQUEST_SECONDS = Histogram("inferq_api_request_seconds",
@@ -144,7 +144,7 @@ def authorize(ctx: Context) -> None:
                            "<metrics token>' (INFERQ_METRICS_TOKEN) or an admin key",
                            headers=challenge)
     try:
-        service.authenticate_admin(ctx, key)
+        auth.authenticate_admin(ctx, key)
     except PermissionDenied:
         raise PermissionDenied("a project API key cannot read /metrics: send the metrics "
                                "token (INFERQ_METRICS_TOKEN) or an admin key") from None

@@ -10,9 +10,9 @@ import orjson
 from flask import request
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.batches.queries import ShardSums
 from jobs.batches.uploads import status_of
 from jobs.core.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
-from jobs.core.queries import ShardSums
 from jobs.core.schema import Batch, File, Upload, UploadPart
 from jobs.core.status import BatchStatus, DeliveryStatus, JobStatus
 

@@ -133,7 +133,7 @@ def main() -> None:
 
     from cli.stack import Stack, api_command
     from jobs.core.settings import Settings
-    from jobs.realtime.client import live_workers
+    from jobs.fleet.heartbeats import live_workers
 
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), worker_heartbeat_s=1,

@@ -126,7 +126,7 @@ def e2e(ctx: Any, client: Any, s3: Any, endpoint: str, rows: int) -> dict[str, A
     import pyarrow.parquet as pq
 
     from jobs.batches import finalize, service
-    from jobs.core import queries as repo
+    from jobs.batches import queries as repo
     from jobs.core.schema import Model
     from workers.engines.batching import BatchPolicy
     from workers.engines.embeddings import EmbeddingEngine
@@ -189,9 +189,10 @@ def main() -> None:
     from openai import OpenAI
 
     from api.app import create_app
-    from jobs.batches import locations, service
+    from jobs.batches import locations
     from jobs.core.settings import Settings
     from jobs.fleet import registry
+    from jobs.tenants import auth
     from storage.db import migrate
     from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
@@ -221,12 +222,12 @@ def main() -> None:
             migrate(st.database_url)
             app = create_app(st)
             ctx = app.extensions["inferq"]
-            service.register_builtin_models(ctx)
+            registry.register_builtin_models(ctx)
             # A registry row for the chat model the batch names (validation reads no
             # weights; no worker runs these batches).
             registry.register(ctx, "SmolLM2-135M-Instruct", "1", "chat", "bench",
                               [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 2048)
-            project, key = service.create_tenant(ctx, "bench")
+            project, key = auth.create_tenant(ctx, "bench")
             locations.add(ctx, project, f"s3://{BUCKET}/", "read_write")
             http = httpx2.Client(transport=httpx2.WSGITransport(app=app),
                                  base_url="http://bench")

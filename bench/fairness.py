@@ -90,8 +90,8 @@ def run_mode(settings: Any, fair: bool, large: Path, small: Path, n_large: int,
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs.batches import service
     from jobs.core.context import Context
+    from jobs.tenants import auth
 
     st = settings.model_copy(update={"fair_dispatch": fair, "api_port": free_port()})
     with Stack(st, extra_env={"INFERQ_CHAT_MODEL": ""}) as stack:
@@ -99,7 +99,7 @@ def run_mode(settings: Any, fair: bool, large: Path, small: Path, n_large: int,
         try:
             clients = []
             for name in ("a", "b"):
-                _, key = service.create_tenant(ctx, f"bench-{name}-{time.time_ns()}")
+                _, key = auth.create_tenant(ctx, f"bench-{name}-{time.time_ns()}")
                 clients.append(OpenAI(base_url=stack.base_url + "/v1", api_key=key,
                                       max_retries=0, timeout=300))
             a, b = clients

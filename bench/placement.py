@@ -84,7 +84,7 @@ def run(policy: str, args: argparse.Namespace, arrivals: list[tuple[float, str]]
     from jobs.core.context import Context
     from jobs.core.settings import Settings
     from jobs.fleet import placement, registry
-    from jobs.realtime.client import live_workers
+    from jobs.fleet.heartbeats import live_workers
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

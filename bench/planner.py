@@ -56,7 +56,7 @@ def text_pool(n: int, mean_words: float, seed: int, max_words: int = 200) -> lis
 
 def measured(r: Any) -> tuple[float, float]:
     """μ and the service times' Cs² over the live workers (weighted by requests measured)."""
-    from jobs.realtime.client import live_workers
+    from jobs.fleet.heartbeats import live_workers
     from jobs.slo import admission
 
     view = admission.servers_of(live_workers(r, "realtime", MODEL), MODEL)
@@ -68,7 +68,7 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
 
     from cli.stack import Stack
     from jobs.core.settings import Settings
-    from jobs.realtime.client import live_workers
+    from jobs.fleet.heartbeats import live_workers
     from jobs.slo import admission
 
     out = []

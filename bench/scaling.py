@@ -188,7 +188,7 @@ class Fleet:
     def wait_ready(self, n: int, timeout: float = 300) -> None:
         import redis
 
-        from jobs.realtime.client import live_workers
+        from jobs.fleet.heartbeats import live_workers
 
         r = redis.Redis.from_url(self.stack.settings.redis_url)
         deadline = time.monotonic() + timeout

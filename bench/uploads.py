@@ -172,9 +172,9 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import api_command
-    from jobs.batches import service
     from jobs.core.context import Context
     from jobs.core.settings import Settings
+    from jobs.tenants import auth
     from storage.db import migrate
     from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
@@ -202,7 +202,7 @@ def main() -> None:
                           object_store_url=f"s3://{BUCKET}/inferq", api_port=api_port)
             migrate(st.database_url)
             ctx = Context(st)
-            key = service.create_tenant(ctx, "bench")[1]
+            key = auth.create_tenant(ctx, "bench")[1]
             ctx.close()
             env = {**os.environ, **st.to_env(), **AWS, "AWS_ENDPOINT_URL": endpoint,
                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}

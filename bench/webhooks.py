@@ -166,9 +166,9 @@ def main() -> None:
     from openai import OpenAI
 
     from cli.stack import Stack
-    from jobs.batches import service
     from jobs.core.context import Context
     from jobs.core.settings import Settings
+    from jobs.tenants import auth
     from jobs.webhooks import events as webhooks
 
     rx, slow = Receiver(), Receiver(hang_s=2 * args.read_timeout)
@@ -180,8 +180,8 @@ def main() -> None:
         try:
             stack.start(api=False, workers=True)
             ctx = Context(stack.settings)
-            tenant_id, _ = service.create_tenant(ctx, "bench-webhooks")
-            slow_tenant, _ = service.create_tenant(ctx, "bench-webhooks-hangs")
+            tenant_id, _ = auth.create_tenant(ctx, "bench-webhooks")
+            slow_tenant, _ = auth.create_tenant(ctx, "bench-webhooks-hangs")
             endpoint = webhooks.create_endpoint(ctx, tenant_id, webhooks.EndpointCreate(
                 name="bench", url=rx.url, event_types=["batch.completed"]))
             one_round(ctx, rx, tenant_id, argparse.Namespace(trickle=20, gap=0.02, burst=100))

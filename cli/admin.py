@@ -12,8 +12,10 @@ from typing import Any
 
 import click
 
+from cli import state
 from cli.client import connect_admin
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 
 NAME_MAX = 200
 LIMIT_OPTIONS = {  # option -> the rate limit's field
@@ -98,13 +100,11 @@ class LimitValue(click.ParamType):
 def admin_key_command(name: str) -> None:
     """Create an admin key in the database and print it (shown once): for a deployment
     without `inferq up`, which makes one itself."""
-    from cli.main import DATABASE, _backends
     from jobs.core.context import Context
-    from jobs.tenants import projects as tenants
 
-    ctx = Context(_backends(DATABASE))
+    ctx = Context(state.backends(state.DATABASE))
     try:
-        click.echo(tenants.create_admin_key(ctx, check_name(name, "--name")))
+        click.echo(auth.create_admin_key(ctx, check_name(name, "--name")))
     finally:
         ctx.close()
 

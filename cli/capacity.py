@@ -34,7 +34,7 @@ def _measured(model: str) -> admission.Servers:
             "give --service-time, start a stack with `inferq up`, or set INFERQ_REDIS_URL")
     r = redis.Redis.from_url(st.redis_url, socket_connect_timeout=3, socket_timeout=5)
     try:
-        from jobs.realtime.client import live_workers
+        from jobs.fleet.heartbeats import live_workers
 
         beats = live_workers(r, admission.LANE, model)
     except redis.RedisError as e:

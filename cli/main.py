@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli import admin, batches, capacity, datasets, reruns, state, top
+from cli.state import DATABASE, OBJECT_STORE, REDIS
 from jobs.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,22 +47,6 @@ class Commands(click.Group):
 
 def _settings() -> Settings:
     return Settings.from_env()
-
-
-DATABASE, REDIS, OBJECT_STORE = "database_url", "redis_url", "object_store_url"
-
-
-def _backends(*needs: str) -> Settings:
-    """Settings with the backend URLs of this data dir's running stack filled in; a
-    one-line error when one of those the command ``needs`` is unknown."""
-    st = state.resolve(_settings())
-    missing = [f"INFERQ_{name.upper()}" for name in needs if not getattr(st, name)]
-    if missing:
-        raise click.ClickException(
-            f"no inferq stack runs on data dir {st.data_dir}: start one with `inferq up` "
-            "(or point INFERQ_DATA_DIR at the data dir of a running one), or set "
-            + " and ".join(missing))
-    return st
 
 
 def _export(st: Settings) -> None:
@@ -162,7 +147,7 @@ def api(port: int | None) -> None:
     and the other INFERQ_API_* settings bound what it holds)."""
     from cli.stack import api_command
 
-    st = _backends(DATABASE, REDIS, OBJECT_STORE)
+    st = state.backends(DATABASE, REDIS, OBJECT_STORE)
     _export(st)
     cmd = api_command(st.api_host, port or st.api_port, st.api_max_connections,
                       st.api_keepalive_s)
@@ -179,7 +164,7 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
     """Run a Celery worker for the given lanes (one process per accelerator)."""
     from cli.stack import worker_command
 
-    _export(_backends(DATABASE, REDIS, OBJECT_STORE))
+    _export(state.backends(DATABASE, REDIS, OBJECT_STORE))
     lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
     os.environ["INFERQ_LANES"] = lanes
     if spot:  # SIGTERM: commit the chunk in flight, hand back; cold shutdown after the notice
@@ -196,16 +181,15 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
 def migrate(import_models: bool) -> None:
     """Apply database migrations (alembic upgrade head) and register the builtin models
     that ship ready to serve (their files go to the object store)."""
-    from jobs.batches import service
     from jobs.core.context import Context
     from jobs.fleet import registry
     from storage.db import migrate as run
 
-    st = _backends(DATABASE, OBJECT_STORE)
+    st = state.backends(DATABASE, OBJECT_STORE)
     run(st.database_url)
     ctx = Context(st)
     try:
-        service.register_builtin_models(ctx)
+        registry.register_builtin_models(ctx)
         click.echo("database is at the latest revision")
         if import_models:
             _import_builtins(ctx, registry.missing_builtins(ctx), force=False)
@@ -247,7 +231,7 @@ def models_import(names: tuple[str, ...], force: bool) -> None:
     if unknown:
         raise click.UsageError(f"unknown model(s): {', '.join(unknown)} "
                                f"(builtin: {', '.join(registry.BUILTIN)})")
-    ctx = Context(_backends(DATABASE, OBJECT_STORE))
+    ctx = Context(state.backends(DATABASE, OBJECT_STORE))
     try:
         todo = []
         for name in names or tuple(registry.BUILTIN):
@@ -288,7 +272,7 @@ def models_add(name: str, path: str, kind: str, version: str | None, precision: 
     from jobs.core.errors import InferqError
     from jobs.fleet import folders
 
-    ctx = Context(_backends(DATABASE, OBJECT_STORE))
+    ctx = Context(state.backends(DATABASE, OBJECT_STORE))
     try:
         t0 = time.perf_counter()
         added = folders.add(ctx, name, path, kind, version, precision, make_default,
@@ -321,7 +305,7 @@ def models_remove(name: str, version: str) -> None:
     from jobs.core.errors import InferqError
     from jobs.fleet import retire
 
-    st = _backends(DATABASE, OBJECT_STORE)  # live workers unload it when Redis is known
+    st = state.backends(DATABASE, OBJECT_STORE)  # live workers unload it when Redis is known
     ctx = Context(st)
     try:
         got = retire.remove(ctx, name, version, unload=bool(st.redis_url))
@@ -341,7 +325,7 @@ def models_list() -> None:
     from jobs.core.context import Context
     from jobs.fleet import placement, registry
 
-    st = _backends(DATABASE)  # residency when Redis is known too
+    st = state.backends(DATABASE)  # residency when Redis is known too
     ctx = Context(st)
     try:
         rows = registry.all_versions(ctx)
@@ -396,7 +380,7 @@ def models_rollout(name: str, version: str | None, weight: float | None,
     from jobs.core.errors import InferqError
     from jobs.fleet import rollout
 
-    ctx = Context(_backends(DATABASE, REDIS))
+    ctx = Context(state.backends(DATABASE, REDIS))
     try:
         if weight is None and shadow is None and not promote and not rollback:
             got = rollout.status(ctx, name)
@@ -431,7 +415,7 @@ def models_pool(name: str, version: str, min_resident: int | None,
         raise click.UsageError("--keep and --idle-unload exclude each other")
     if min_resident is None and idle_unload_s is None and not keep:
         raise click.UsageError("give --min, --idle-unload or --keep")
-    ctx = Context(_backends(DATABASE, REDIS))
+    ctx = Context(state.backends(DATABASE, REDIS))
     try:
         got = rollout.set_pool(ctx, name, version, min_resident, idle_unload_s, keep)
     except InferqError as e:
@@ -475,7 +459,7 @@ def models_derive(name: str, base: str, version: str, precision: str,
     from jobs.core.context import Context
     from jobs.fleet import registry
 
-    ctx = Context(_backends(DATABASE))
+    ctx = Context(state.backends(DATABASE))
     try:
         m = registry.derive(ctx, name, base, version, precision, make_default)
     except ValueError as e:
@@ -495,7 +479,7 @@ def models_default(name: str, version: str) -> None:
     from jobs.core.context import Context
     from jobs.fleet import registry
 
-    ctx = Context(_backends(DATABASE))
+    ctx = Context(state.backends(DATABASE))
     try:
         m = registry.set_default(ctx, name, version)
     except ValueError as e:

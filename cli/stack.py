@@ -32,6 +32,7 @@ from cli.lifeline import Lifeline
 from cli.supervisor import Child
 from jobs.core.dispatch import lane_queues
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
 if TYPE_CHECKING:
@@ -334,7 +335,6 @@ class Stack:
         return self.log_dir / f"{name}.log"
 
     def start(self, api: bool = True, workers: bool = True) -> Stack:
-        from jobs.batches import service
         from jobs.core.context import Context
         from storage.db import migrate
 
@@ -346,9 +346,9 @@ class Stack:
         ctx = Context(st)
         self.import_models(ctx)
         self.api_key = self.dev_key()
-        service.ensure_key(ctx, "default", self.api_key)
+        auth.ensure_key(ctx, "default", self.api_key)
         self.admin_key = self.admin_api_key()
-        service.ensure_admin_key(ctx, self.admin_key)
+        auth.ensure_admin_key(ctx, self.admin_key)
         ctx.close()
         if not self.settings.metrics_token:  # every child, the API included, gets it
             self.settings = self.settings.model_copy(update={"metrics_token": _key_file(
@@ -441,7 +441,7 @@ class Stack:
         import orjson
         import redis
 
-        from jobs.realtime.client import WORKERS
+        from jobs.core.redis_keys import WORKERS
 
         urls = {"api": self.base_url + "/metrics"} if "api" in self.procs else {}
         expected = sum(name.startswith("worker-") for name in self.procs)

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+import click
+
 from jobs.core.settings import Settings
 
 STATE_FILE = "stack.json"
@@ -101,3 +103,19 @@ class DataDirLock:
                 fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+
+
+DATABASE, REDIS, OBJECT_STORE = "database_url", "redis_url", "object_store_url"
+
+
+def backends(*needs: str) -> Settings:
+    """Settings with the backend URLs of this data dir's running stack filled in; a
+    one-line error when one of those the command ``needs`` is unknown."""
+    st = resolve(Settings.from_env())
+    missing = [f"INFERQ_{name.upper()}" for name in needs if not getattr(st, name)]
+    if missing:
+        raise click.ClickException(
+            f"no inferq stack runs on data dir {st.data_dir}: start one with `inferq up` "
+            "(or point INFERQ_DATA_DIR at the data dir of a running one), or set "
+            + " and ".join(missing))
+    return st

@@ -29,6 +29,8 @@ from sqlalchemy import create_engine, text
 
 from jobs.core.context import Context
 from jobs.core.settings import Settings
+from jobs.fleet import registry
+from jobs.tenants import auth
 from storage.db import migrate
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis, port_open
 
@@ -219,26 +221,23 @@ def ctx(settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture(scope="session")
 def tenant_key(ctx: Context) -> str:
-    from jobs.batches import service
 
-    service.register_builtin_models(ctx)
-    return service.create_tenant(ctx, f"tenant-{secrets.token_hex(3)}")[1]
+    registry.register_builtin_models(ctx)
+    return auth.create_tenant(ctx, f"tenant-{secrets.token_hex(3)}")[1]
 
 
 @pytest.fixture(scope="session")
 def other_tenant_key(ctx: Context) -> str:
-    from jobs.batches import service
 
-    return service.create_tenant(ctx, f"other-{secrets.token_hex(3)}")[1]
+    return auth.create_tenant(ctx, f"other-{secrets.token_hex(3)}")[1]
 
 
 @pytest.fixture(scope="session")
 def admin_key(ctx: Context) -> str:
     """A key of the Admin API (/v1/organization/...) on the session's database."""
-    from jobs.batches import service
 
     key = f"iq-admin-{secrets.token_urlsafe(16)}"
-    service.ensure_admin_key(ctx, key)
+    auth.ensure_admin_key(ctx, key)
     return key
 
 

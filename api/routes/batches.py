@@ -16,8 +16,8 @@ from api.current import context
 from api.idempotency import idempotent
 from api.schemas import batch_object, json_body, optional_json_body, page, page_params
 from jobs.batches import partial, progress, retry, service
+from jobs.batches.queries import ShardSums
 from jobs.batches.retry import BatchRetry
-from jobs.core.queries import ShardSums
 from jobs.core.settings import Settings
 from jobs.protocol.requests import BatchCreate, parse_model
 

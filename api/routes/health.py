@@ -13,7 +13,7 @@ from api import metrics as api_metrics
 from api.current import context
 from jobs.core.dispatch import MODEL_LANES
 from jobs.core.errors import InvalidRequest, shown
-from jobs.realtime.client import live_workers
+from jobs.fleet.heartbeats import live_workers
 
 bp = Blueprint("health", __name__)
 

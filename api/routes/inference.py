@@ -30,6 +30,7 @@ from jobs.protocol.requests import (
 from jobs.protocol.responses import EventWriter, response_body
 from jobs.protocol.shapes import ChunkWriter, chat_completion, text_completion
 from jobs.protocol.tools import ChunkCalls, rewrite_completion, tools_of
+from jobs.realtime import shadow as mirror
 from jobs.realtime.client import ON_DEMAND, RealtimeClient, TokenStream, error_from_event
 from jobs.slo import admission
 from jobs.tenants import limits
@@ -64,7 +65,7 @@ def embeddings() -> Response:
         limits.settle(ctx, grant, real)
     if route.shadows and route.version:
         shadow.record(ctx.redis, req.model, route.version, "primary", time.perf_counter() - t0)
-        shadow.mirror_embeddings(ctx, sent, body, route.shadows)
+        mirror.mirror_embeddings(ctx, sent, body, route.shadows)
     headers = version_header(route.version)
     if answer.queued_s is not None:
         headers[QUEUE_HEADER] = f"{answer.queued_s * 1000:.1f}"
@@ -135,7 +136,7 @@ def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
         if route.shadows and route.version:
             shadow.record(ctx.redis, req.model, route.version, "primary",
                           time.perf_counter() - t0)
-            shadow.mirror_generation(ctx, endpoint, body, text, route.shadows)
+            mirror.mirror_generation(ctx, endpoint, body, text, route.shadows)
 
     try:
         stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx
@@ -280,7 +281,7 @@ def _respond(ctx: Any, req: ResponsesBody, give_back: Callable[[], None] | None)
         if route.shadows and route.version:
             shadow.record(ctx.redis, req.model, route.version, "primary",
                           time.perf_counter() - t0)
-            shadow.mirror_generation(ctx, CHAT, body, text, route.shadows)
+            mirror.mirror_generation(ctx, CHAT, body, text, route.shadows)
 
     try:
         stream.open()  # errors before any token (bad prompt, no worker) are plain 4xx/5xx

@@ -8,7 +8,6 @@ from typing import Any
 from flask import Blueprint
 
 from api.current import context
-from jobs.batches import service
 from jobs.core.errors import NotFound
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry
@@ -47,7 +46,7 @@ def list_() -> Any:
     for v in registry.all_versions(ctx):
         by_name.setdefault(v.name, []).append(v)
     return {"object": "list", "data": [model_object(m, by_name.get(m.name, [m]), where, engines)
-                                       for m in service.list_models(ctx)]}
+                                       for m in registry.list_models(ctx)]}
 
 
 @bp.get("/models/<path:model_id>")

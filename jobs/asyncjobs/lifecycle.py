@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound
 from jobs.core.schema import Job, new_id, now
@@ -29,15 +30,6 @@ from jobs.webhooks import events as webhooks
 
 log = logging.getLogger("inferq.jobs")
 
-QUEUE = "inferq:queue:jobs"  # the prefix of each model version's list
-
-
-def queue_for(model_ref: str) -> str:
-    """The list that jobs for ``model_ref`` (``name@version``) wait on; only workers
-    holding that version take from it."""
-    return f"{QUEUE}:{model_ref}"
-
-
 def job_ref(job: Job) -> str:
     return registry.ref(str(job.body.get("model", "")), job.model_version)
 
@@ -45,14 +37,14 @@ def job_ref(job: Job) -> str:
 def push(ctx: Context, jobs: list[Job]) -> None:
     """Put jobs on their version's list; a version no live jobs worker holds is placed
     on one first (jobs.fleet.placement): its jobs wait on its list meanwhile. Jobs for a
-    version that cannot be placed go on the common list (``QUEUE``), which every jobs
-    worker also takes from: it refuses them (503 ``model_not_loaded``)."""
+    version that cannot be placed go on the common list (``redis_keys.JOBS_QUEUE``),
+    which every jobs worker also takes from: it refuses them (503 ``model_not_loaded``)."""
     by_ref: dict[str, list[str]] = {}
     for j in jobs:
         by_ref.setdefault(job_ref(j), []).append(j.id)
     for ref, ids in by_ref.items():
         placed = "@" in ref and placement.ensure(ctx, ref, "jobs")
-        ctx.redis.rpush(queue_for(ref) if placed else QUEUE, *ids)
+        ctx.redis.rpush(redis_keys.jobs_queue(ref) if placed else redis_keys.JOBS_QUEUE, *ids)
 
 
 def place_waiting(ctx: Context) -> list[str]:
@@ -65,13 +57,13 @@ def place_waiting(ctx: Context) -> list[str]:
     common list."""
     r = ctx.redis
     refused: list[str] = []
-    for key in list(r.scan_iter(match=QUEUE + ":*", count=100)):
+    for key in list(r.scan_iter(match=redis_keys.JOBS_QUEUE + ":*", count=100)):
         name = key.decode() if isinstance(key, bytes) else str(key)
-        ref = name[len(QUEUE) + 1:]
+        ref = redis_keys.queued_model(name)
         if "@" not in ref or placement.ensure(ctx, ref, "jobs"):
             continue
         n = 0
-        while r.lmove(name, QUEUE, "LEFT", "RIGHT"):
+        while r.lmove(name, redis_keys.JOBS_QUEUE, "LEFT", "RIGHT"):
             n += 1
         log.info("%d jobs for %s sent to the common list: it cannot be placed", n, ref)
         refused.append(ref)
@@ -80,7 +72,8 @@ def place_waiting(ctx: Context) -> list[str]:
 
 def queued_anywhere(ctx: Context) -> int:
     """Job ids waiting on any version's list."""
-    keys = [QUEUE, *ctx.redis.scan_iter(match=QUEUE + ":*", count=100)]
+    common = redis_keys.JOBS_QUEUE
+    keys = [common, *ctx.redis.scan_iter(match=common + ":*", count=100)]
     with ctx.redis.pipeline() as p:
         for k in keys:
             p.llen(k)

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.batches import outputs
+from jobs.batches import queries as repo
 from jobs.batches.datasets import Manifest
 from jobs.batches.views import read_shard
-from jobs.core import queries as repo
 from jobs.core.schema import Batch, Shard, now
 from jobs.core.status import ShardStatus
 from storage import datasets as ds

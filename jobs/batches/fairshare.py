@@ -49,8 +49,8 @@ from jobs.core.context import Context
 from jobs.core.dispatch import SHARD_LANES, lane_for, shard_ref
 from jobs.core.schema import Batch, DispatchDeficit, Shard, Tenant
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.fleet import placement
-from jobs.realtime.client import live_workers
+from jobs.fleet import placement, registry
+from jobs.fleet.heartbeats import live_workers
 
 log = logging.getLogger("inferq.fairshare")
 
@@ -300,3 +300,18 @@ def placeable(ctx: Context, model_ref: str | None, tier: str) -> bool:
     except Exception as e:  # noqa: BLE001 - sent to the version's queue: the janitor retries
         log.warning("placement of %s failed: %s", model_ref, e)
         return True
+
+
+def load_failed(ctx: Context, model_ref: str) -> None:
+    """A worker could not load ``model_ref`` (``name@version``): its shards already sent
+    to its queue are sent again, to their lane's common queue, where a worker refuses
+    them with the batch's own error; the message left behind is a no-op."""
+    name, version = registry.split_ref(model_ref)
+    if version is None:
+        return
+    with ctx.db.session() as s:
+        ids = list(s.scalars(select(Shard.id).join(Batch, Batch.id == Shard.batch_id).where(
+            Batch.model == name, Batch.model_version == version,
+            Shard.status == ShardStatus.QUEUED, Shard.dispatched_at.is_not(None))))
+    if ids:
+        send(ctx, ids)

@@ -24,9 +24,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from jobs.batches import exports, outputs
+from jobs.batches import queries as repo
 from jobs.batches.datasets import Manifest
 from jobs.batches.views import read_shard
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import shown, transient
 from jobs.core.schema import Batch, File, Shard, new_id, now

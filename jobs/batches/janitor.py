@@ -35,13 +35,13 @@ from sqlalchemy import and_, exists, func, select, update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import fairshare, retention, uploads
-from jobs.core import queries as repo
+from jobs.batches import queries as repo
 from jobs.core.context import Context
 from jobs.core.dispatch import lane_for
+from jobs.core.redis_keys import WORKERS
 from jobs.core.schema import Batch, Shard, now
 from jobs.core.status import SHARD_FINISHED, BatchStatus, ShardStatus
 from jobs.fleet import placement
-from jobs.realtime.client import WORKERS
 
 
 @dataclass

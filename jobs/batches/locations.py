@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, shown
 from jobs.core.schema import DataLocation, new_id, now
+from jobs.tenants import queries as tenant_queries
 from storage.datasets import BadLocation, Location, parse
 
 ACCESS = ("read", "write", "read_write")
@@ -66,7 +66,7 @@ def list_(ctx: Context, project_id: str) -> list[DataLocation]:
 
 
 def _project(s: Session, project_id: str) -> None:
-    t = repo.get_tenant(s, project_id)
+    t = tenant_queries.get_tenant(s, project_id)
     if t is None:
         raise NotFound(f"No such project: {shown(project_id)}", param="project_id")
 

@@ -23,8 +23,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from jobs.batches import queries as repo
 from jobs.batches.finalize import committed_parts
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound
 from jobs.core.schema import Batch

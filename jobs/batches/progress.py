@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from jobs.core import queries as repo
+from jobs.batches import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound, shown
 from jobs.core.schema import Batch, now

@@ -31,8 +31,8 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from jobs.batches import outputs, service
+from jobs.batches import queries as repo
 from jobs.batches.views import read_shard
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound
 from jobs.core.schema import Batch, File, Shard

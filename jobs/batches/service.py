@@ -1,30 +1,25 @@
-"""Use cases behind the HTTP API and the control tasks: validate everything,
-write once, commit, and only then send the messages the commit made valid."""
+"""Use cases of files and batches behind the HTTP API and the control tasks: validate
+everything, write once, commit, and only then send the messages the commit made valid."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import secrets
-from typing import IO, NamedTuple
+from typing import IO
 
 from sqlalchemy import insert, select
-from sqlalchemy.orm import Session
 
 from jobs.batches import datasets, fairshare, views
+from jobs.batches import queries as repo
 from jobs.batches.sharding import TokenCounter, validate_and_shard
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
-    PermissionDenied,
-    Unauthorized,
     shown,
     transient,
 )
-from jobs.core.schema import AdminKey, ApiKey, Batch, File, Model, Shard, Tenant, new_id, now
+from jobs.core.schema import Batch, File, Shard, new_id, now
 from jobs.core.status import TERMINAL, BatchStatus
 from jobs.fleet import catalog, registry
 from jobs.protocol.requests import EMBEDDINGS, BatchCreate, no_dimensions
@@ -38,101 +33,6 @@ log = logging.getLogger("inferq.service")
 
 UPLOAD_PURPOSES = ("batch",)
 WINDOW_SECONDS = {"24h": 24 * 3600}
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def create_tenant(ctx: Context, name: str) -> tuple[str, str]:
-    """A tenant and its first API key; returns (tenant_id, key). The key is shown once."""
-    key = "iq-" + secrets.token_urlsafe(32)
-    with ctx.db.session() as s:
-        return _add_key(s, name, key), key
-
-
-def ensure_key(ctx: Context, tenant_name: str, key: str) -> str:
-    """Make ``key`` valid for the tenant (idempotent); used for the dev key of ``inferq up``."""
-    with ctx.db.session() as s:
-        if (tid := repo.tenant_for_key_hash(s, hash_key(key))) is not None:
-            return tid
-        return _add_key(s, tenant_name, key)
-
-
-def _add_key(s: Session, tenant_name: str, key: str) -> str:
-    """Store ``key`` for the tenant named ``tenant_name`` (created if new); its id."""
-    tenant = s.scalar(select(Tenant).where(Tenant.name == tenant_name))
-    if tenant is None:
-        tenant = Tenant(id=new_id("proj_"), name=tenant_name)
-        s.add(tenant)
-        s.flush()
-    s.add(ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key),
-                 prefix=key[:10], suffix=key[-4:]))
-    return tenant.id
-
-
-class Principal(NamedTuple):
-    """Who a project key speaks for."""
-
-    tenant_id: str
-    api_key_id: str
-
-
-def authenticate(ctx: Context, key: str | None) -> Principal:
-    """The project and key behind ``key``. Every request reads the key's row, so a
-    revoked key, an archived project or an expired key is refused at once in every
-    API process. ``last_used_at`` is written at most once a minute per key."""
-    if not key:
-        raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
-    t = now()
-    with ctx.db.session() as s:
-        row = repo.key_principal(s, hash_key(key), t)
-        if row is not None:
-            repo.touch_key(s, row.api_key_id, t)
-    if row is None:
-        raise Unauthorized("Incorrect API key provided")
-    return Principal(row.tenant_id, row.api_key_id)
-
-
-def authenticate_admin(ctx: Context, key: str | None) -> str:
-    """The admin key behind ``key``; a project key is refused (403), any other 401."""
-    if not key:
-        raise Unauthorized("Missing admin API key: send 'Authorization: Bearer <admin key>'")
-    with ctx.db.session() as s:
-        admin_id = repo.admin_key_id(s, hash_key(key))
-        if admin_id is None and repo.key_principal(s, hash_key(key), now()) is not None:
-            raise PermissionDenied("a project API key cannot use the Admin API: use an "
-                                   "admin key (OPENAI_ADMIN_KEY)")
-    if admin_id is None:
-        raise Unauthorized("Incorrect admin API key provided")
-    return admin_id
-
-
-def ensure_admin_key(ctx: Context, key: str) -> str:
-    """Make ``key`` a valid admin key (idempotent); used for the admin key of ``inferq up``."""
-    with ctx.db.session() as s:
-        if (admin_id := repo.admin_key_id(s, hash_key(key))) is not None:
-            return admin_id
-        k = AdminKey(id=new_id("key_"), key_hash=hash_key(key), prefix=key[:10],
-                     suffix=key[-4:], name="inferq up")
-        s.add(k)
-        return k.id
-
-
-def register_builtin_models(ctx: Context) -> None:
-    """Publish the builtin models that ship ready to serve in an installed package
-    (no conversion, no torch) and are not registered yet. Models that need a
-    conversion are imported by ``inferq models import`` (workers.models.importers)."""
-    for name in registry.missing_builtins(ctx):
-        registry.publish_packaged(ctx, name)
-
-
-def list_models(ctx: Context) -> list[Model]:
-    """The default version of each registered model, by name."""
-    return registry.list_models(ctx)
-
-
-# Files ---------------------------------------------------------------------------------
 
 
 def create_file(ctx: Context, tenant_id: str, filename: str, purpose: str,

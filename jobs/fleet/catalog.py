@@ -10,26 +10,13 @@ so a request never costs a registry query of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, shown
 from jobs.fleet import registry
-from jobs.protocol.requests import COMPLETIONS, EMBEDDINGS, RESPONSES
+from jobs.protocol.requests import COMPLETIONS, EMBEDDINGS, RESPONSES, ModelInfo
 
 TTL_S = 5.0
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """One servable model: its public name, its kind (embeddings | chat), whether its
-    chat template renders tools (None: not known; the worker that renders it decides)
-    and whether it serves shortened vectors (``dimensions``)."""
-
-    name: str
-    kind: str
-    tools: bool | None = None
-    matryoshka: bool = False
 
 
 def kinds_for(endpoint: str) -> tuple[str, ...]:

@@ -31,23 +31,22 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import redis
 from sqlalchemy import select
 
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Model
 from jobs.fleet import registry
+from jobs.fleet.heartbeats import Heartbeat, live_workers
 
 log = logging.getLogger("inferq.placement")
 
-COMMANDS = "inferq:model-commands:"
-PLACING = "inferq:placing:"
-LOADS = "inferq:model-loads"  # hash: "<ref>|<reason>" -> count
-LAST_LOADS = "inferq:model-loads:recent"  # list of JSON records, newest first
-FAILED = "inferq:load-failed:"  # + ref: why its last load failed
+COMMANDS, PLACING, FAILED = (redis_keys.MODEL_COMMANDS, redis_keys.PLACING,
+                             redis_keys.LOAD_FAILED)
+LOADS, LAST_LOADS = redis_keys.MODEL_LOADS, redis_keys.MODEL_LOADS_RECENT
 PLACING_TTL_S = 120
 # A version whose load failed is not placed again for this long: its work is routed to
 # the lane's common queue meanwhile, where any worker refuses it (503 model_not_loaded).
@@ -103,17 +102,17 @@ def load_counts(r: redis.Redis) -> dict[str, dict[str, int]]:
 # The fleet as heartbeats describe it ---------------------------------------------------
 
 
-def resident(info: dict[str, Any]) -> list[str]:
+def resident(info: Heartbeat) -> list[str]:
     """The versions a heartbeat's worker holds (a worker that reports no ``resident``
     announces names only)."""
     return list(info.get("resident", info.get("models", [])))
 
 
-def loading(info: dict[str, Any]) -> list[str]:
+def loading(info: Heartbeat) -> list[str]:
     return list((info.get("residency") or {}).get("loading", []))
 
 
-def holders(beats: Iterable[dict[str, Any]], model_ref: str) -> list[dict[str, Any]]:
+def holders(beats: Iterable[Heartbeat], model_ref: str) -> list[Heartbeat]:
     return [b for b in beats if model_ref in resident(b)]
 
 
@@ -123,7 +122,7 @@ class Choice:
     evict: tuple[str, ...]  # what it will unload first to make room (LRU order)
 
 
-def choose(beats: Sequence[dict[str, Any]], model_ref: str, size: int) -> Choice | None:
+def choose(beats: Sequence[Heartbeat], model_ref: str, size: int) -> Choice | None:
     """The worker to load ``model_ref`` (``size`` bytes) on: among live workers that do
     not hold it and whose budget can take it (after unloading their least recently
     used versions), the least loaded (engine work waiting), then the one that would
@@ -166,8 +165,6 @@ def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
     sends them again, a realtime request every second of its wait
     (``jobs.realtime.client``). So a placement sent to a worker that died, or decided just
     before the version's load failed, is made again or refused there."""
-    from jobs.realtime.client import live_workers
-
     r = ctx.redis
     beats = live_workers(r, lane)
     if any(model_ref in resident(b) or model_ref in loading(b) for b in beats):
@@ -199,27 +196,14 @@ def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
 
 def load_failed(ctx: Context, model_ref: str, message: str) -> None:
     """A worker could not load ``model_ref``: it is not placed again for
-    ``FAILED_TTL_S``, and the jobs and shards waiting on its queues are sent to their
-    lane's common queue, where a worker refuses them with the request's own error
-    (the realtime requests waiting on it are answered by the worker that failed)."""
-    from jobs.asyncjobs import lifecycle as asyncjobs
-    from jobs.batches import fairshare
-    from jobs.core.schema import Batch, Shard
-    from jobs.core.status import ShardStatus
-
+    ``FAILED_TTL_S``, and the jobs waiting on its list go to the common list, where a
+    worker refuses them with the request's own error (its shards are sent again by
+    ``jobs.batches.fairshare.load_failed``; the realtime requests waiting on it are
+    answered by the worker that failed)."""
     r = ctx.redis
-    name, version = registry.split_ref(model_ref)
     r.set(FAILED + model_ref, message[:500], ex=FAILED_TTL_S)
-    while r.lmove(asyncjobs.queue_for(model_ref), asyncjobs.QUEUE, "LEFT", "RIGHT"):
+    while r.lmove(redis_keys.jobs_queue(model_ref), redis_keys.JOBS_QUEUE, "LEFT", "RIGHT"):
         pass
-    if version is None:
-        return
-    with ctx.db.session() as s:
-        ids = list(s.scalars(select(Shard.id).join(Batch, Batch.id == Shard.batch_id).where(
-            Batch.model == name, Batch.model_version == version,
-            Shard.status == ShardStatus.QUEUED, Shard.dispatched_at.is_not(None))))
-    if ids:  # sent again, to the common queue; the message left behind is a no-op
-        fairshare.send(ctx, ids)
 
 
 def failure(r: redis.Redis, model_ref: str) -> str | None:
@@ -232,11 +216,9 @@ def failure(r: redis.Redis, model_ref: str) -> str | None:
 # Warm pools ------------------------------------------------------------------------------
 
 
-def model_workers(r: redis.Redis) -> list[dict[str, Any]]:
+def model_workers(r: redis.Redis) -> list[Heartbeat]:
     """Live workers serving any model lane."""
-    from jobs.realtime.client import live_workers
-
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Heartbeat] = {}
     for lane in MODEL_LANES:
         for b in live_workers(r, lane):
             seen.setdefault(str(b["name"]), b)

@@ -507,3 +507,11 @@ def missing_builtins(ctx: Context) -> list[str]:
     with ctx.db.session() as s:
         have = set(s.scalars(select(Model.name).distinct()))
     return [n for n in BUILTIN if n in served and n not in have]
+
+
+def register_builtin_models(ctx: Context) -> None:
+    """Publish the builtin models that ship ready to serve in an installed package
+    (no conversion, no torch) and are not registered yet. Models that need a
+    conversion are imported by ``inferq models import`` (workers.models.importers)."""
+    for name in missing_builtins(ctx):
+        publish_packaged(ctx, name)

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound, shown
 from jobs.core.schema import Model
-from jobs.fleet import registry
+from jobs.fleet import placement, registry, shadow
 
 TTL_S = 0.5
 
@@ -139,8 +139,6 @@ def status(ctx: Context, name: str) -> dict[str, Any]:
     """A name's versions with their traffic, shadow share, warm pool and residency (the
     live workers holding each, the loads so far), and the shadow report.
     NotFound for a name the registry does not hold."""
-    from jobs.fleet import placement, shadow
-
     versions = registry.versions(ctx, name)
     if not versions:
         raise NotFound(f"The model {shown(name)} does not exist", param="model",

@@ -21,7 +21,7 @@ leaving an optional parameter out. docs/API.md's table is ``parameter_table()``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, Protocol, cast
 
 import orjson
 from pydantic import (
@@ -50,14 +50,29 @@ from jobs.protocol.tools import (
     no_tools,
 )
 
-if TYPE_CHECKING:
-    from jobs.fleet.catalog import Catalog
-
 EMBEDDINGS = "/v1/embeddings"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"  # run as a chat request (see Responses below)
 ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS, RESPONSES)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One servable model: its public name, its kind (embeddings | chat), whether its
+    chat template renders tools (None: not known; the worker that renders it decides)
+    and whether it serves shortened vectors (``dimensions``)."""
+
+    name: str
+    kind: str
+    tools: bool | None = None
+    matryoshka: bool = False
+
+
+class ServedModels(Protocol):
+    """What parsing asks of the models served (``jobs.fleet.catalog.Catalog``)."""
+
+    def require(self, name: str, endpoint: str, param: str = "model") -> ModelInfo: ...
 
 # Which models exist and what they serve: the registry (jobs.fleet.catalog). A model's output
 # size is known where it is loaded: the worker refuses ``dimensions`` above it.
@@ -116,7 +131,7 @@ def no_dimensions(model: str, param: str = "dimensions") -> InvalidRequest:
 
 
 def parse_embeddings(body: Any, max_inputs: int,
-                     models: Catalog | None = None) -> EmbeddingsBody:
+                     models: ServedModels | None = None) -> EmbeddingsBody:
     """Validate an embeddings body; raises InvalidRequest naming the offending param.
 
     ``models``: the registry snapshot the model is checked against; None where the
@@ -508,7 +523,7 @@ def tools_checked(tools: list[FunctionTool] | list[ResponsesFunctionTool] | None
 
 
 def parse_generation(endpoint: str, body: Any,
-                     models: Catalog | None = None) -> ChatBody | CompletionBody:
+                     models: ServedModels | None = None) -> ChatBody | CompletionBody:
     """Validate a chat or completions body (everything that needs no tokenizer).
 
     ``models``: as for parse_embeddings; the prompt's length is checked by the worker.
@@ -1051,7 +1066,7 @@ class ResponsesBody(BaseModel):
         return v
 
 
-def parse_responses(body: Any, models: Catalog | None = None) -> ResponsesBody:
+def parse_responses(body: Any, models: ServedModels | None = None) -> ResponsesBody:
     """Validate a Responses body (everything that needs no tokenizer); ``models`` as for
     parse_embeddings."""
     req: ResponsesBody = parse_model(ResponsesBody, supported(RESPONSES, body))

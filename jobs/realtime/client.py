@@ -17,50 +17,14 @@ from typing import Any, NamedTuple
 import orjson
 import redis
 
-from jobs.core import logs, tracing
+from jobs.core import logs, redis_keys, tracing
 from jobs.core.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.core.schema import new_id
-from jobs.core.status import BreakerState, StreamEvent
+from jobs.core.status import StreamEvent
+from jobs.fleet import heartbeats, placement, registry
 from storage import pubsub
 
-QUEUE = "inferq:queue:realtime"  # the prefix of each model's list
-WORKERS = "inferq:workers:"
 REPLY_TTL_S = 60
-
-
-ANY = f"{QUEUE}:any"  # INFERQ_PLACEMENT=on_demand: every request, any worker
-
-
-def reply_key(request_id: str) -> str:
-    return f"inferq:reply:{request_id}"
-
-
-def queue_for(model: str) -> str:
-    """The list that realtime requests for ``model`` wait on."""
-    return f"{QUEUE}:{model}"
-
-
-def heartbeats(r: redis.Redis) -> list[dict[str, Any]]:
-    """Every current heartbeat, control workers' and open breakers' included (a worker
-    that missed three beats has none)."""
-    keys = list(r.scan_iter(match=WORKERS + "*", count=100))
-    return [orjson.loads(raw) for raw in (r.mget(keys) if keys else []) if raw]
-
-
-def holds(info: dict[str, Any], model: str) -> bool:
-    """Whether a heartbeat's worker holds ``model``: a version (``name@version``, among
-    its ``resident`` ones) or a name (among its ``models``)."""
-    if "@" in model:
-        return model in info.get("resident", ())
-    return model in info.get("models", ())
-
-
-def live_workers(r: redis.Redis, lane: str, model: str | None = None) -> list[dict[str, Any]]:
-    """Workers whose heartbeat is current and that serve ``lane`` (and hold ``model``,
-    a name or a version, if given)."""
-    return [info for info in heartbeats(r)
-            if lane in info.get("lanes", []) and info.get("breaker") != BreakerState.OPEN
-            and (model is None or holds(info, model))]
 
 
 # Places a version no live worker holds; True when a copy is or will be resident.
@@ -69,7 +33,7 @@ Placer = Callable[[str], bool]
 
 def ON_DEMAND(model_ref: str) -> bool:  # noqa: N802 - a marker, compared by identity
     """The placer of INFERQ_PLACEMENT=on_demand: every request goes on one queue
-    (``ANY``), whichever worker takes it loads its version."""
+    (``redis_keys.REALTIME_ANY``), whichever worker takes it loads its version."""
     return True
 
 
@@ -92,19 +56,19 @@ def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None
     when no worker serves the lane, the version cannot be had, or its queue is full. A
     worker announcing names only (``models``, no ``resident``) takes the name's own
     queue."""
-    beats = live_workers(r, "realtime")
+    beats = heartbeats.live_workers(r, "realtime")
     if not beats:
         raise Unavailable("no worker is serving the realtime lane", retry_after=5)
     ref = f"{model}@{version}" if version else model
     placing = None
     if place is ON_DEMAND:
-        queue = ANY
-    elif any(holds(b, ref) for b in beats):
-        queue = queue_for(ref)
-    elif any("resident" not in b and holds(b, model) for b in beats):
-        queue = queue_for(model)
+        queue = redis_keys.REALTIME_ANY
+    elif any(heartbeats.holds(b, ref) for b in beats):
+        queue = redis_keys.realtime_queue(ref)
+    elif any("resident" not in b and heartbeats.holds(b, model) for b in beats):
+        queue = redis_keys.realtime_queue(model)
     elif version and place is not None and place(ref):
-        queue, placing = queue_for(ref), ref
+        queue, placing = redis_keys.realtime_queue(ref), ref
     else:
         raise ModelNotLoaded(model)
     if r.llen(queue) >= max_queue:
@@ -123,8 +87,6 @@ def withdrawn(r: redis.Redis, admitted: Admission, raw: bytes, place: Placer | N
         return None  # no load awaited, or a worker has it: its answer comes from there
     if place(ref) or not r.lrem(admitted.queue, 1, message):
         return None
-    from jobs.fleet import placement, registry
-
     name, _ = registry.split_ref(ref)
     err = ModelNotLoaded(name)
     if (why := placement.failure(r, ref)) is not None:
@@ -142,10 +104,6 @@ def _origin() -> dict[str, str]:
 def _send_attributes(queue: str, rid: str) -> dict[str, str]:
     return {"messaging.system": "redis", "messaging.destination.name": queue,
             "messaging.message.id": rid}
-
-
-def heartbeat(r: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> None:
-    r.set(WORKERS + name, orjson.dumps(info), px=int(ttl_s * 1000))
 
 
 class Answer(NamedTuple):
@@ -188,7 +146,7 @@ class RealtimeClient:
         while True:  # for a load awaited, asking the placement again between waits
             left = deadline - time.monotonic()
             step = left if admitted.placing is None else min(left, PLACEMENT_CHECK_S)
-            got = self.r.blpop([reply_key(rid)], timeout=max(0.1, step))
+            got = self.r.blpop([redis_keys.reply(rid)], timeout=max(0.1, step))
             if got is not None:
                 break
             if time.monotonic() >= deadline:
@@ -205,13 +163,6 @@ class RealtimeClient:
 
 
 # Token streams -----------------------------------------------------------------------------
-
-CANCEL_CHANNEL = "inferq:cancel"
-
-
-def stream_channel(request_id: str) -> str:
-    return f"inferq:stream:{request_id}"
-
 
 class StreamBroken(InferqError):
     status = 502
@@ -246,7 +197,7 @@ class TokenStream:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
         admitted = admit(self.r, self.body["model"], max_queue, self.version, self.place)
         try:  # confirmed by the server before the request is sent
-            self.sub = pubsub.hub(self.r).subscribe(stream_channel(self.id))
+            self.sub = pubsub.hub(self.r).subscribe(redis_keys.stream(self.id))
         except TimeoutError:
             raise Unavailable("could not subscribe to the token stream", retry_after=2) from None
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
@@ -316,7 +267,7 @@ class TokenStream:
     def close(self, cancel: bool = False) -> None:
         if cancel or not self.finished:
             try:
-                self.r.publish(CANCEL_CHANNEL, self.id)
+                self.r.publish(redis_keys.CANCEL_CHANNEL, self.id)
             except redis.RedisError:
                 pass
         if self.sub is not None:

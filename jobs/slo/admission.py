@@ -55,12 +55,14 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy.exc import SQLAlchemyError
 
+from jobs.core import redis_keys
 from jobs.core.errors import InferqError
 from jobs.core.schema import new_id
+from jobs.fleet.heartbeats import Heartbeat, live_workers
+from jobs.slo import backlog
 
 LANE = "realtime"
-ARRIVALS = "inferq:admission:arrivals:"  # + lane:model, a hash second -> arrivals
-INFLIGHT = "inferq:admission:inflight:"  # + lane:model, a sorted set id -> expiry (ms)
+ARRIVALS, INFLIGHT = redis_keys.ARRIVALS, redis_keys.INFLIGHT
 VIEW_TTL_S = 1.0  # an API process reads the workers' heartbeats at most this often
 
 DECISIONS = Counter("inferq_admission_decisions", "Admission decisions of the realtime lane",
@@ -248,7 +250,7 @@ class Servers:
         return max(1, round(self.workers * self.servers_per_worker))
 
 
-def servers_of(heartbeats: list[dict[str, Any]], model: str) -> Servers:
+def servers_of(heartbeats: list[Heartbeat], model: str) -> Servers:
     """Combine the live workers' ``service`` reports for ``model``: μ weighted by the
     requests each measured (workers not yet measured are counted as servers at that μ)."""
     measured = [h["service"][model] for h in heartbeats
@@ -319,8 +321,6 @@ _views_lock = threading.Lock()
 
 def servers(r: redis.Redis, model: str, lane: str = LANE) -> Servers:
     """The model's servers, from heartbeats read at most every VIEW_TTL_S per process."""
-    from jobs.realtime.client import live_workers
-
     key, now = (id(r), model), time.monotonic()
     with _views_lock:
         hit = _views.get(key)
@@ -478,8 +478,6 @@ def admit(ctx: Any, model: str) -> Ticket:
 def lane_models(r: redis.Redis) -> list[str]:
     """The models of the realtime lane: those its live workers hold and those requests
     arrived for within the window (a model no worker holds needs workers too)."""
-    from jobs.realtime.client import live_workers
-
     names = {m for h in live_workers(r, LANE) for m in h.get("models", [])}
     prefix = f"{ARRIVALS}{LANE}:"
     for k in r.scan_iter(match=prefix + "*", count=200):
@@ -490,8 +488,6 @@ def lane_models(r: redis.Redis) -> list[str]:
 def collector(ctx: Any) -> DesiredWorkersCollector:
     """The scaling signal of an API process (``ctx``: its Context)."""
     st = ctx.settings
-    from jobs.slo import backlog
-
     return DesiredWorkersCollector(lambda: ctx.redis, lambda: lane_models(ctx.redis),
                                    st.realtime_ttft_slo_s or st.first_token_timeout_s,
                                    st.realtime_slo_percentile, st.admission_window_s,

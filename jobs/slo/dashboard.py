@@ -16,17 +16,17 @@ from typing import Literal, NamedTuple
 
 import redis
 
-from jobs.asyncjobs import lifecycle as asyncjobs
-from jobs.batches import service
-from jobs.core import queries as repo
+from jobs.batches import queries as repo
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.dispatch import QUEUES
 from jobs.core.errors import InvalidRequest, NotFound, Unauthorized
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import BatchStatus, BreakerState
-from jobs.fleet import registry
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats, registry
 from jobs.slo import stats
+from jobs.tenants import auth
+from jobs.tenants import queries as tenant_queries
 
 WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 3600, 60, 86400
 MAX_BATCHES = 50
@@ -45,12 +45,12 @@ class Viewer(NamedTuple):
 def viewer(ctx: Context, key: str | None) -> Viewer:
     """The viewer behind ``key``: a live project key, else an admin key, else 401."""
     try:
-        return Viewer("project", service.authenticate(ctx, key).tenant_id)
+        return Viewer("project", auth.authenticate(ctx, key).tenant_id)
     except Unauthorized:
         if not key:
             raise
     with ctx.db.session() as s:
-        admin = repo.admin_key_id(s, service.hash_key(key))
+        admin = tenant_queries.admin_key_id(s, auth.hash_key(key))
     if admin is None:
         raise Unauthorized("Incorrect API key provided: use a project API key or the "
                            "admin key")
@@ -84,12 +84,12 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     lists (summed) and the realtime lists of each model (its versions' summed; those
     live workers hold are listed even when empty). One pipeline of LLENs and a few
     SCANs."""
-    rt_keys = sorted(_keys(r, realtime.QUEUE + ":*")
-                     | {realtime.queue_for(m) for w in realtime.live_workers(r, "realtime")
+    rt_keys = sorted(_keys(r, redis_keys.REALTIME_QUEUE + ":*")
+                     | {redis_keys.realtime_queue(m) for w in heartbeats.live_workers(r, "realtime")
                         for m in w.get("resident", w.get("models", []))})
     lane_keys = {q: sorted({q + suffix for suffix in PRIORITY_SUFFIXES}
                            | _keys(r, q + ".*")) for q in QUEUES}
-    job_keys = sorted({asyncjobs.QUEUE} | _keys(r, asyncjobs.QUEUE + ":*"))
+    job_keys = sorted({redis_keys.JOBS_QUEUE} | _keys(r, redis_keys.JOBS_QUEUE + ":*"))
     with r.pipeline(transaction=False) as p:
         for q in QUEUES:
             for k in lane_keys[q]:
@@ -108,7 +108,7 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     del lengths[:len(job_keys)]
     by_model: dict[str, int] = {}  # a model's versions' lists and its name's, summed
     for k, length in zip(rt_keys, lengths, strict=True):
-        name = registry.split_ref(k[len(realtime.QUEUE) + 1:])[0]
+        name = registry.split_ref(k[len(redis_keys.REALTIME_QUEUE) + 1:])[0]
         by_model[name] = by_model.get(name, 0) + int(length)
     out += [QueueDepth("realtime", name, n) for name, n in by_model.items()]
     return sorted(out, key=lambda d: (stats.LANE_ORDER.index(d.lane), d.model or ""))
@@ -129,7 +129,7 @@ def workers(r: redis.Redis, now: float) -> list[Worker]:
     out = [Worker(str(h.get("name", "")), sorted(h.get("lanes", [])), list(h.get("models", [])),
                   str(h.get("breaker") or BreakerState.CLOSED), h.get("metrics_url"),
                   round(max(0.0, now - float(h.get("at", now))), 1))
-           for h in realtime.heartbeats(r)]
+           for h in heartbeats.current(r)]
     return sorted(out, key=lambda w: w.name)
 
 

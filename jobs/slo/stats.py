@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import orjson
 import redis
 
+from jobs.core import redis_keys
+
 log = logging.getLogger("inferq.stats")
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -32,7 +34,7 @@ TTFT, QUEUE = "ttft", "queue"
 STEP_S = 60
 RETENTION_S = 2 * 3600
 SUMMARY_WINDOWS = (300, 3600)
-PREFIX = "inferq:stats:"
+PREFIX = redis_keys.STATS
 SERIES = PREFIX + "series"  # {json [metric, lane, model]: the last minute written}
 LANE_ORDER = ("realtime", "jobs", "batch", "flex", "control")
 

@@ -43,6 +43,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InferqError, Unavailable
 from jobs.core.schema import Batch, RateLimit, Tenant, new_id
@@ -339,7 +340,7 @@ return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
 
 
 def _prefix(tenant_id: str, model: str) -> str:
-    return f"inferq:rl:{{{tenant_id}:{model}}}"
+    return redis_keys.rate_limit(tenant_id, model)
 
 
 def window_keys(tenant_id: str, model: str, kind: str) -> list[str]:

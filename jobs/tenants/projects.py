@@ -3,14 +3,13 @@ per-model rate-limit settings.
 
 A project is a tenant: every file, batch and job belongs to one. A key's value is
 shown once, when it is created, and stored as its sha256; revoking it sets
-``revoked_at``, which ``service.authenticate`` reads on every request, so it is
+``revoked_at``, which ``jobs.tenants.auth.authenticate`` reads on every request, so it is
 refused at once in every API process. The limits are only stored here (NULL: no
 limit); ``jobs.tenants.limits`` enforces them.
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,34 +17,20 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.batches.service import hash_key
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound, shown
-from jobs.core.schema import AdminKey, ApiKey, RateLimit, ServiceAccount, Tenant, new_id, now
+from jobs.core.schema import ApiKey, RateLimit, ServiceAccount, Tenant, new_id, now
 from jobs.fleet import registry
+from jobs.tenants import limits
+from jobs.tenants import queries as tenant_queries
+from jobs.tenants.auth import hash_key, new_key
 
-KEY_PREFIX = "iq-"
 RATE_LIMIT_PREFIX = "rl-"
 # The limit kinds a project may have per model (columns of ``rate_limits``).
 LIMIT_FIELDS = ("max_requests_per_1_minute", "max_tokens_per_1_minute",
                 "max_requests_per_1_day", "batch_1_day_max_input_tokens",
                 "max_concurrent_streams")
 MAX_WEIGHT = 10_000
-
-
-def new_key() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def create_admin_key(ctx: Context, name: str) -> str:
-    """A new admin key (its value, shown once; stored as its sha256): how a deployment
-    without ``inferq up`` gets its first one (``inferq admin-key``)."""
-    value = "iq-admin-" + secrets.token_urlsafe(32)
-    with ctx.db.session() as s:
-        s.add(AdminKey(id=new_id("key_"), key_hash=hash_key(value), prefix=value[:10],
-                       suffix=value[-4:], name=name, created_at=now()))
-    return value
 
 
 # Projects --------------------------------------------------------------------------------
@@ -72,7 +57,7 @@ def get_project(ctx: Context, project_id: str) -> Tenant:
 
 
 def _project(s: Session, project_id: str, lock: bool = False, active: bool = False) -> Tenant:
-    t = repo.get_tenant(s, project_id, lock=lock)
+    t = tenant_queries.get_tenant(s, project_id, lock=lock)
     if t is None:
         raise NotFound(f"No such project: {shown(project_id)}", param="project_id")
     if active and t.archived_at is not None:
@@ -85,7 +70,7 @@ def list_projects(ctx: Context, after: str | None, limit: int,
                   include_archived: bool) -> tuple[list[Tenant], bool]:
     where = [] if include_archived else [Tenant.archived_at.is_(None)]
     with ctx.db.session() as s:
-        return repo.page_oldest_first(s, Tenant, where, after, limit)
+        return tenant_queries.page_oldest_first(s, Tenant, where, after, limit)
 
 
 def update_project(ctx: Context, project_id: str, name: str | None,
@@ -134,11 +119,11 @@ def create_service_account(ctx: Context, project_id: str, name: str, key_only: b
                             role="none" if key_only else "member", created_at=t)
         s.add(sa)
         s.flush()
-        made = None if key_only else _add_key(s, sa, name, expires_in_seconds, t)
+        made = None if key_only else _account_key(s, sa, name, expires_in_seconds, t)
     return sa, made
 
 
-def _add_key(s: Session, sa: ServiceAccount, name: str, expires_in_seconds: int | None,
+def _account_key(s: Session, sa: ServiceAccount, name: str, expires_in_seconds: int | None,
              t: int) -> NewKey:
     value = new_key()
     k = ApiKey(id=new_id("key_"), tenant_id=sa.tenant_id, key_hash=hash_key(value),
@@ -154,7 +139,7 @@ def list_service_accounts(ctx: Context, project_id: str, after: str | None,
                           limit: int) -> tuple[list[ServiceAccount], bool]:
     with ctx.db.session() as s:
         _project(s, project_id)
-        return repo.page_oldest_first(s, ServiceAccount,
+        return tenant_queries.page_oldest_first(s, ServiceAccount,
                                       [ServiceAccount.tenant_id == project_id], after, limit)
 
 
@@ -187,7 +172,7 @@ def create_key(ctx: Context, project_id: str, service_account_id: str, name: str
     with ctx.db.session() as s:
         _project(s, project_id, lock=True, active=True)
         sa = _service_account(s, project_id, service_account_id)
-        return _add_key(s, sa, name if name is not None else sa.name, expires_in_seconds, t)
+        return _account_key(s, sa, name if name is not None else sa.name, expires_in_seconds, t)
 
 
 @dataclass(frozen=True)
@@ -223,8 +208,8 @@ def list_keys(ctx: Context, project_id: str, after: str | None, limit: int,
                     return [], False
             else:
                 where.append(live if owner_project_access == "active" else ~live)
-        keys, more = repo.page_oldest_first(s, ApiKey, where, after, limit)
-        owners = repo.service_accounts_by_id(s, {k.service_account_id for k in keys
+        keys, more = tenant_queries.page_oldest_first(s, ApiKey, where, after, limit)
+        owners = tenant_queries.service_accounts_by_id(s, {k.service_account_id for k in keys
                                                  if k.service_account_id})
         return [KeyView(k, owners.get(k.service_account_id or ""), t.archived_at is None)
                 for k in keys], more
@@ -286,13 +271,11 @@ def list_limits(ctx: Context, project_id: str) -> list[LimitView]:
     names = sorted(m.name for m in registry.list_models(ctx))
     with ctx.db.session() as s:
         _project(s, project_id)
-        rows = {r.model: r for r in repo.rate_limits_of(s, project_id)}
+        rows = {r.model: r for r in tenant_queries.rate_limits_of(s, project_id)}
     return [_view(ctx, n, rows.get(n)) for n in names]
 
 
 def _view(ctx: Context, model: str, row: RateLimit | None) -> LimitView:
-    from jobs.tenants import limits
-
     effective = limits.from_row(row, limits.defaults(ctx))
     values = (effective.requests_per_minute, effective.tokens_per_minute,
               effective.requests_per_day, effective.batch_day_input_tokens,
@@ -314,5 +297,5 @@ def update_limit(ctx: Context, project_id: str, rate_limit_id: str,
         raise InvalidRequest(f"unknown limit(s): {', '.join(sorted(unknown))}")
     with ctx.db.session() as s:
         _project(s, project_id, lock=True, active=True)
-        row = repo.upsert_rate_limit(s, project_id, model, changes, now())
+        row = tenant_queries.upsert_rate_limit(s, project_id, model, changes, now())
         return _view(ctx, model, row)

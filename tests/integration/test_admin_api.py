@@ -19,6 +19,7 @@ from werkzeug.serving import make_server
 from jobs.core.context import Context
 from jobs.core.schema import ApiKey, RateLimit, Tenant
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 
 MODEL = "all-MiniLM-L6-v2"
 ORG = "/v1/organization"
@@ -343,9 +344,8 @@ def test_rate_limits_report_what_is_enforced(settings: Settings, admin_key: str)
 def test_a_key_without_service_account_is_listed_in_strict_shape(admin: Any, ctx: Context,
                                                                   tenant_key: str) -> None:
     """Keys made outside the Admin API (``inferq up``'s dev key) have no owner to name."""
-    from jobs.batches import service
 
-    who = service.authenticate(ctx, tenant_key)
+    who = auth.authenticate(ctx, tenant_key)
     k = admin.projects.api_keys.retrieve(who.api_key_id, project_id=who.tenant_id)
     assert k.owner.type is None and k.owner.service_account is None
     assert k.redacted_value.endswith(tenant_key[-4:]) and k.owner_project_access == "active"

@@ -25,11 +25,12 @@ import redis as redis_lib
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.batches import service
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats, registry
 from jobs.slo import admission
+from jobs.tenants import auth
 
 MODEL = "all-MiniLM-L6-v2"
 # μ = 20/s, a first step of 50 ms, objective 0.5 s at p99: the wait budget 0.45 s holds
@@ -43,7 +44,7 @@ TOKEN = "admission-metrics-token"  # the metrics token of the apps made here
 
 def beat(r: redis_lib.Redis, name: str = "test-worker",
          service_info: dict[str, Any] | None = None) -> None:
-    realtime.heartbeat(r, name, {"name": name, "lanes": ["realtime", "jobs"],
+    heartbeats.write(r, name, {"name": name, "lanes": ["realtime", "jobs"],
                                  "models": [MODEL], "service": service_info or {}}, 60)
     admission.forget()
 
@@ -54,8 +55,8 @@ def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
                                          "realtime_slo_percentile": 0.99,
                                          "admission_window_s": 30})
     ctx = Context(st)
-    service.register_builtin_models(ctx)
-    _, key = service.create_tenant(ctx, "admission")
+    registry.register_builtin_models(ctx)
+    _, key = auth.create_tenant(ctx, "admission")
     r = redis_lib.Redis.from_url(st.redis_url)
     beat(r, service_info=SERVICE)
     yield {"settings": st, "ctx": ctx, "key": key, "r": r}
@@ -77,14 +78,14 @@ def answer_all(r: redis_lib.Redis, expect: int, timeout: float = 10) -> int:
     """Play the worker: answer ``expect`` queued embeddings requests."""
     done, deadline = 0, time.monotonic() + timeout
     while done < expect and time.monotonic() < deadline:
-        got = r.brpop([realtime.queue_for(MODEL)], timeout=1)
+        got = r.brpop([redis_keys.realtime_queue(MODEL)], timeout=1)
         if got is None:
             continue
         rid = orjson.loads(got[1])["id"]
         body = {"object": "list", "model": MODEL,
                 "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}],
                 "usage": {"prompt_tokens": 1, "total_tokens": 1}}
-        r.lpush(realtime.reply_key(rid), orjson.dumps({"body": body}))
+        r.lpush(redis_keys.reply(rid), orjson.dumps({"body": body}))
         done += 1
     return done
 
@@ -133,7 +134,7 @@ def test_overload_is_refused_with_retry_after_while_jobs_are_accepted(env) -> No
     assert "time-to-first-token" in err["message"]
     assert int(refused.headers["retry-after"]) >= 1
     # The queue the refused request would have joined holds only the admitted ones.
-    assert r.llen(realtime.queue_for(MODEL)) == ADMISSIBLE + 1
+    assert r.llen(redis_keys.realtime_queue(MODEL)) == ADMISSIBLE + 1
     job = client_of(app, key).post("/v1/jobs", json={
         "endpoint": "/v1/embeddings", "body": {"model": MODEL, "input": "a job"}})
     assert job.status_code in (200, 201, 202), job.get_data(as_text=True)  # jobs wait
@@ -280,7 +281,7 @@ def test_a_real_worker_measures_its_service_rate(fstack, fsdk, workers) -> None:
     workers("adm", "realtime")
     r = redis_lib.Redis.from_url(fstack.settings.redis_url)
     deadline = time.monotonic() + 120
-    while not realtime.live_workers(r, "realtime", MODEL):
+    while not heartbeats.live_workers(r, "realtime", MODEL):
         assert time.monotonic() < deadline, "the worker did not come up"
         time.sleep(0.5)
     sent = 12
@@ -289,7 +290,7 @@ def test_a_real_worker_measures_its_service_rate(fstack, fsdk, workers) -> None:
                                encoding_format="float")
     measured: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        for h in realtime.live_workers(r, "realtime", MODEL):
+        for h in heartbeats.live_workers(r, "realtime", MODEL):
             measured = h.get("service", {}).get(MODEL, {})
         if measured.get("requests", 0) >= sent:
             break

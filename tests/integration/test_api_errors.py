@@ -11,6 +11,7 @@ import pytest
 
 from jobs.core.context import Context
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 from tests.integration.helpers import emb_line, jsonl
 
 
@@ -125,10 +126,9 @@ def own_client(own_settings: Settings) -> Iterator[tuple[Any, Context]]:
     """An app and a tenant on a database and Redis DB of their own: the batch this
     test makes must not be validated or run by a stack's workers meanwhile."""
     from api.app import create_app
-    from jobs.batches import service
 
     ctx = Context(own_settings)
-    key = service.create_tenant(ctx, "cancel")[1]
+    key = auth.create_tenant(ctx, "cancel")[1]
     c = create_app(own_settings).test_client()
     c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
     yield c, ctx

@@ -13,6 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 from storage.embedded import EmbeddedPostgres
 
 
@@ -20,7 +21,6 @@ from storage.embedded import EmbeddedPostgres
 def test_postgres_restart_is_503_then_recovers(tmp_path: Path, own_redis_url: str) -> None:
     """A private PostgreSQL (never the machine's) is stopped and started again."""
     from api.app import create_app
-    from jobs.batches import service
     from jobs.core.context import Context
     from storage.db import migrate
 
@@ -30,7 +30,7 @@ def test_postgres_restart_is_503_then_recovers(tmp_path: Path, own_redis_url: st
                       object_store_url=f"file://{tmp_path / 'objects'}", data_dir=tmp_path)
         migrate(st.database_url)
         ctx = Context(st)
-        _, key = service.create_tenant(ctx, "outage")
+        _, key = auth.create_tenant(ctx, "outage")
         ctx.close()
         client = create_app(st).test_client()
         client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"

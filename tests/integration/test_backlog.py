@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
 from jobs.slo import admission, backlog
+from jobs.tenants import auth
 
 MODEL = "all-MiniLM-L6-v2"
 TOKEN = "backlog-metrics-token"
@@ -78,7 +78,7 @@ def fleet(bctx: Context) -> dict[str, Any]:
     Left out: a cancelling batch, one past its deadline, a finished batch's shards
     (a rate ten times higher), a shard that failed, a shard cancelled."""
     ctx, t = bctx, time.time()
-    tenant_id, _ = service.create_tenant(ctx, "backlog")
+    tenant_id, _ = auth.create_tenant(ctx, "backlog")
     a = add_batch(ctx, tenant_id, [
         ran(t, 1000, 100, 50, ShardStatus.DONE),
         ran(t, 500, 40, 15),

@@ -21,11 +21,12 @@ import httpx2
 import pytest
 
 from jobs.batches import progress, service
+from jobs.batches import queries as repo
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id, now
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 from tests.integration.helpers import emb_line, jsonl, upload, wait
 
 
@@ -137,8 +138,8 @@ def own(own_settings: Settings) -> Iterator[Own]:
                                          "events_max_s": 60.0})
     app = create_app(st)
     ctx: Context = app.extensions["inferq"]
-    tenant_id, key = service.create_tenant(ctx, f"events-{secrets.token_hex(3)}")
-    _, other_key = service.create_tenant(ctx, f"others-{secrets.token_hex(3)}")
+    tenant_id, key = auth.create_tenant(ctx, f"events-{secrets.token_hex(3)}")
+    _, other_key = auth.create_tenant(ctx, f"others-{secrets.token_hex(3)}")
     yield Own(app, ctx, tenant_id, key, other_key)
     ctx.close()
 

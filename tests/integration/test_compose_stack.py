@@ -284,7 +284,7 @@ def test_the_compose_stack_comes_up_and_serves(compose: dict[str, Service]) -> N
         engine.dispose()
     import redis
 
-    from jobs.realtime.client import heartbeats
+    from jobs.fleet.heartbeats import current as heartbeats
 
     r = redis.Redis.from_url(api.env["INFERQ_REDIS_URL"])
     try:

@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 import redis
 
+from jobs.batches import queries as repo
 from jobs.batches import service
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Batch, now
 from jobs.core.settings import Settings
-from jobs.fleet import catalog, registry
-from jobs.realtime import client as realtime
+from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
+from jobs.tenants import auth
 from tests.integration.helpers import emb_line, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
@@ -67,7 +68,7 @@ def test_a_project_key_sees_its_project_and_the_admin_key_every_project(
         app: Any, ctx: Context, tenant_key: str, other_tenant_key: str, admin_key: str) -> None:
     mine = make_batch(as_key(app, tenant_key))
     theirs = make_batch(as_key(app, other_tenant_key))
-    project = service.authenticate(ctx, tenant_key).tenant_id
+    project = auth.authenticate(ctx, tenant_key).tenant_id
 
     got = as_key(app, tenant_key).get("/v1/dashboard/overview")
     assert got.status_code == 200, got.get_data(as_text=True)
@@ -151,10 +152,10 @@ def own(own_settings: Settings) -> Iterator[Own]:
     registry.register(ctx, MODEL, "1", "embeddings", "test",  # a registry row only
                       [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
     catalog.invalidate(ctx)
-    tenant_id, key = service.create_tenant(ctx, f"dash-{secrets.token_hex(3)}")
-    other_key = service.create_tenant(ctx, f"dash-other-{secrets.token_hex(3)}")[1]
+    tenant_id, key = auth.create_tenant(ctx, f"dash-{secrets.token_hex(3)}")
+    other_key = auth.create_tenant(ctx, f"dash-other-{secrets.token_hex(3)}")[1]
     admin_key = f"iq-admin-{secrets.token_urlsafe(16)}"
-    service.ensure_admin_key(ctx, admin_key)
+    auth.ensure_admin_key(ctx, admin_key)
     yield Own(app, ctx, ctx.redis, tenant_id, key, other_key, admin_key)
     ctx.close()
 
@@ -216,13 +217,13 @@ def test_a_batch_that_stopped_running_has_no_rate(own: Own) -> None:
 
 
 def test_queue_depths_and_workers_come_from_redis(own: Own) -> None:
-    realtime.heartbeat(own.r, "w-dash@host", {
+    heartbeats.write(own.r, "w-dash@host", {
         "name": "w-dash@host", "lanes": ["realtime", "batch"], "models": [MODEL],
         "breaker": "open", "metrics_url": "http://127.0.0.1:9/metrics", "at": time.time()}, 30)
-    realtime.heartbeat(own.r, "control@host", {"name": "control@host", "lanes": ["control"],
+    heartbeats.write(own.r, "control@host", {"name": "control@host", "lanes": ["control"],
                                                "models": [], "metrics_url": None,
                                                "at": time.time()}, 30)
-    own.r.lpush(realtime.queue_for("other-model"), b"a", b"b")
+    own.r.lpush(redis_keys.realtime_queue("other-model"), b"a", b"b")
     body = own.get("/v1/dashboard/overview", own.admin_key)
     lanes = {(x["lane"], x["model"]): x["queue_depth"] for x in body["lanes"]}
     assert lanes[("realtime", "other-model")] == 2

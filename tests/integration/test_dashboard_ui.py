@@ -3,7 +3,7 @@ Playwright, against the API served over HTTP on a database and Redis DB of this
 module's own.
 
 Batches are made and advanced by hand: the rows as validation writes them, the counts
-through the workers' own fenced checkpoint (``jobs.core.queries.checkpoint``), so the
+through the workers' own fenced checkpoint (``jobs.batches.queries.checkpoint``), so the
 page's numbers move as they do under real workers, with no model worker running. Every
 test fails on any console message or page error it did not expect, and leaves a
 screenshot in tests/artifacts/ (INFERQ_UPDATE_SCREENSHOT=1 also writes the README's
@@ -30,13 +30,14 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 from werkzeug.serving import make_server
 
-from jobs.batches import service
+from jobs.batches import queries as repo
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id, now
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats
 from jobs.slo import stats
+from jobs.tenants import auth
 from tests.conftest import RedisDatabases, fresh_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ class Site:
 
     def project(self, name: str) -> tuple[str, str]:
         if name not in self.projects:
-            self.projects[name] = service.create_tenant(self.ctx, f"{name}-{secrets.token_hex(3)}")
+            self.projects[name] = auth.create_tenant(self.ctx, f"{name}-{secrets.token_hex(3)}")
         return self.projects[name]
 
     def batch(self, tenant_id: str, shard_rows: tuple[int, ...] = (200, 200),
@@ -120,7 +121,7 @@ def site(settings: Any, pg_admin_url: str, redis_dbs: RedisDatabases) -> Iterato
         app = create_app(st)
         ctx: Context = app.extensions["inferq"]
         admin_key = f"iq-admin-{secrets.token_urlsafe(16)}"
-        service.ensure_admin_key(ctx, admin_key)
+        auth.ensure_admin_key(ctx, admin_key)
         srv = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=srv.serve_forever, daemon=True)
         thread.start()
@@ -305,10 +306,10 @@ def announce_workers(site: Site) -> None:
     r = site.ctx.redis
     for name, lanes, breaker in (("gpu0@test", ["batch", "jobs", "realtime"], "closed"),
                                  ("gpu1@test", ["batch", "flex"], "half_open")):
-        realtime.heartbeat(r, name, {"name": name, "lanes": lanes, "models": [MODEL],
+        heartbeats.write(r, name, {"name": name, "lanes": lanes, "models": [MODEL],
                                      "breaker": breaker, "metrics_url": None,
                                      "at": time.time()}, 600)
-    r.rpush(realtime.queue_for(MODEL), b"{}", b"{}", b"{}")
+    r.rpush(redis_keys.realtime_queue(MODEL), b"{}", b"{}", b"{}")
 
 
 def record_latencies(site: Site) -> None:
@@ -344,7 +345,7 @@ def test_an_empty_project_and_a_wrong_key(site: Site, tab: Tab) -> None:
     assert len(tab.console) == 1 and tab.console[0].startswith("error: Failed to load resource")
     tab.console.clear()
 
-    _, key = service.create_tenant(site.ctx, f"empty-{secrets.token_hex(3)}")
+    _, key = auth.create_tenant(site.ctx, f"empty-{secrets.token_hex(3)}")
     page.fill("#key", key)
     page.click("#login-submit")
     expect(page.locator("#batches .empty-title")).to_have_text("No batches yet")

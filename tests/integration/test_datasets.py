@@ -21,10 +21,11 @@ from openai import OpenAI
 from openai.types import Batch as BatchObject
 
 from jobs.batches import locations, service
-from jobs.core import queries as repo
+from jobs.batches import queries as repo
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
+from jobs.tenants import auth
 from tests.integration.test_reruns import run
 
 MODEL = "all-MiniLM-L6-v2"
@@ -43,9 +44,9 @@ def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
     bucket = f"lake-{secrets.token_hex(4)}"
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket=bucket)
-    project, key = service.create_tenant(ctx, "datasets")
+    project, key = auth.create_tenant(ctx, "datasets")
     yield {"app": app, "ctx": ctx, "key": key, "project": project, "s3": s3,
-           "bucket": bucket, "other": service.create_tenant(ctx, "datasets-other")[1]}
+           "bucket": bucket, "other": auth.create_tenant(ctx, "datasets-other")[1]}
 
 
 def sdk(world: dict[str, Any], key: str | None = None) -> OpenAI:

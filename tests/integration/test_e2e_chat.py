@@ -183,7 +183,8 @@ def test_client_going_away_cancels_generation(stack: Any, ctx: Any, model: str) 
     stream run to its end after the first one's cancel: the engine decodes every running
     sequence at each step, so a first stream still generating would publish between
     the second one's deltas. One subscriber sees both channels in publish order."""
-    from jobs.realtime.client import TokenStream, stream_channel
+    from jobs.core.redis_keys import stream as stream_channel
+    from jobs.realtime.client import TokenStream
 
     def story(max_tokens: int, temperature: float) -> TokenStream:
         return TokenStream(ctx.redis, "/v1/chat/completions",

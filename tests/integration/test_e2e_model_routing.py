@@ -15,11 +15,10 @@ import openai
 import pytest
 from sqlalchemy import delete
 
-from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Model
-from jobs.fleet import catalog, registry
-from jobs.realtime import client as realtime
+from jobs.fleet import catalog, heartbeats, registry
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
@@ -71,20 +70,20 @@ def test_sync_calls_for_a_model_no_worker_serves_are_503(sdk) -> None:  # type: 
 
 def where_waiting(ctx: Context, job_id: str) -> dict[str, Any]:
     """The lists a job id waits on, and the live jobs workers (for a failure message)."""
-    lists = [asyncjobs.QUEUE, *(k.decode() for k in ctx.redis.scan_iter(
-        match=asyncjobs.QUEUE + ":*"))]
+    lists = [redis_keys.JOBS_QUEUE, *(k.decode() for k in ctx.redis.scan_iter(
+        match=redis_keys.JOBS_QUEUE + ":*"))]
     return {"on": [q for q in lists if ctx.redis.lpos(q, job_id) is not None],
-            "jobs workers": [b["name"] for b in realtime.live_workers(ctx.redis, "jobs")]}
+            "jobs workers": [b["name"] for b in heartbeats.live_workers(ctx.redis, "jobs")]}
 
 
 def test_a_job_for_a_model_no_worker_serves_fails_with_the_reason(sdk, ctx) -> None:  # type: ignore[no-untyped-def]
     # Pushed while the jobs workers' heartbeats are missing, as on a loaded machine where
     # they come late: the job waits on its version's list until a sweep finds a jobs
     # worker live again, places the version there, and its load fails (docs/RELIABILITY.md).
-    beating = [b["name"] for b in realtime.live_workers(ctx.redis, "jobs")]
+    beating = [b["name"] for b in heartbeats.live_workers(ctx.redis, "jobs")]
     assert beating
     for name in beating:
-        ctx.redis.delete(realtime.WORKERS + name)
+        ctx.redis.delete(redis_keys.WORKERS + name)
     try:
         job: dict[str, Any] = once_registered(lambda: sdk.post(
             "/jobs", cast_to=object,
@@ -96,7 +95,7 @@ def test_a_job_for_a_model_no_worker_serves_fails_with_the_reason(sdk, ctx) -> N
             job = sdk.get(f"/jobs/{job['id']}", cast_to=object)
     finally:  # the next tests find the stack's workers announced again
         deadline = time.monotonic() + 60
-        while not all(ctx.redis.exists(realtime.WORKERS + n) for n in beating):
+        while not all(ctx.redis.exists(redis_keys.WORKERS + n) for n in beating):
             assert time.monotonic() < deadline, "the stack's workers did not beat again"
             time.sleep(0.2)
     assert job["status"] == "failed" and job["result"] is None

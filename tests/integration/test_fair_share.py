@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from jobs.batches import fairshare, service
+from jobs.batches import fairshare
 from jobs.core.context import Context
 from jobs.core.schema import Batch, DispatchDeficit, File, Shard, Tenant, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats
+from jobs.tenants import auth
 from tests.conftest import AWS_ENV, free_port
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 from tests.integration.test_janitor import sent
@@ -44,7 +45,7 @@ def fctx(own_settings: Settings) -> Iterator[Context]:
 
 
 def project(ctx: Context, name: str, weight: int = 1) -> str:
-    tenant_id, _ = service.create_tenant(ctx, f"{name}-{new_id('')}")
+    tenant_id, _ = auth.create_tenant(ctx, f"{name}-{new_id('')}")
     with ctx.db.session() as s:
         s.execute(update(Tenant).where(Tenant.id == tenant_id).values(weight=weight))
     return tenant_id
@@ -71,7 +72,7 @@ def waiting_batch(ctx: Context, tenant_id: str, n: int, rows: int = 100) -> list
 def announce_slots(ctx: Context, n: int, lanes: list[str]) -> None:
     """``n`` model workers' heartbeats (as workers.process.heartbeat writes them)."""
     for i in range(n):
-        realtime.heartbeat(ctx.redis, f"test-worker-{i}", {
+        heartbeats.write(ctx.redis, f"test-worker-{i}", {
             "name": f"test-worker-{i}", "lanes": lanes, "breaker": "closed", "models": []},
             ttl_s=60)
 
@@ -210,7 +211,7 @@ def test_a_small_batch_runs_beside_a_large_one_within_the_bound(fair_stack) -> N
     try:
         clients = {}
         for name in ("a", "b"):
-            _, key = service.create_tenant(ctx, f"fair-{name}-{new_id('')}")
+            _, key = auth.create_tenant(ctx, f"fair-{name}-{new_id('')}")
             clients[name] = OpenAI(base_url=fair_stack.base_url + "/v1", api_key=key,
                                    _strict_response_validation=True, max_retries=0,
                                    timeout=120)

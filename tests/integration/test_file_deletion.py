@@ -8,10 +8,10 @@ import io
 
 from sqlalchemy import update
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Batch
 from jobs.core.settings import Settings
+from jobs.tenants import auth
 
 
 def test_a_file_a_batch_uses_is_kept_until_the_batch_ends(own_settings: Settings) -> None:
@@ -19,7 +19,7 @@ def test_a_file_a_batch_uses_is_kept_until_the_batch_ends(own_settings: Settings
 
     ctx = Context(own_settings)
     try:
-        key = service.create_tenant(ctx, "file-deletion")[1]
+        key = auth.create_tenant(ctx, "file-deletion")[1]
         c = create_app(own_settings).test_client()
         c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
         line = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", ' \

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.dispatch import shard_queue
 from jobs.core.schema import Shard
 from jobs.core.settings import Settings
 from jobs.core.status import ShardOutcome, ShardStatus
-from jobs.realtime import client as realtime
 from tests.integration.helpers import held_models
 from tests.integration.test_janitor import make_batch, sent
 
@@ -36,12 +35,12 @@ def test_a_realtime_request_goes_back_to_the_head_of_its_queue(hctx: Context) ->
 
     r: redis_lib.Redis = hctx.redis  # type: ignore[type-arg]
     lane = RealtimeConsumer(r, held_models(), 100, allow=lambda: True)
-    queue = realtime.queue_for(GONE)
+    queue = redis_keys.realtime_queue(GONE)
     r.lpush(queue, b"sent later")
     assert lane.handed_back(queue.encode(), b"popped")
     assert r.brpop([queue], timeout=1) == (queue.encode(), b"popped")  # next in line
     assert r.brpop([queue], timeout=1) == (queue.encode(), b"sent later")
-    assert not lane.handed_back(realtime.ANY.encode(), b"any worker's")
+    assert not lane.handed_back(redis_keys.REALTIME_ANY.encode(), b"any worker's")
 
 
 def test_a_job_goes_back_to_the_head_of_its_list(hctx: Context) -> None:
@@ -49,12 +48,12 @@ def test_a_job_goes_back_to_the_head_of_its_list(hctx: Context) -> None:
 
     r: redis_lib.Redis = hctx.redis  # type: ignore[type-arg]
     lane = JobsConsumer(hctx, held_models(), "test-worker", allow=lambda: True)
-    queue = asyncjobs.queue_for(GONE)
+    queue = redis_keys.jobs_queue(GONE)
     r.rpush(queue, b"job_later")
     assert lane.handed_back(queue.encode(), b"job_popped")
     assert r.lrange(queue, 0, -1) == [b"job_popped", b"job_later"]
     # The common list is every worker's: what comes from it is refused, not returned.
-    assert not lane.handed_back(asyncjobs.QUEUE.encode(), b"job_common")
+    assert not lane.handed_back(redis_keys.JOBS_QUEUE.encode(), b"job_common")
 
 
 def test_a_shard_is_sent_again_unclaimed(hctx: Context) -> None:

@@ -22,7 +22,9 @@ from jobs.batches import progress, service
 from jobs.core.context import Context
 from jobs.core.schema import Batch
 from jobs.core.settings import Settings
+from jobs.fleet import registry
 from jobs.protocol.requests import BatchCreate
+from jobs.tenants import auth
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, upload
 
@@ -45,8 +47,8 @@ def edge(settings: Settings, pg_admin_url: str, redis_dbs: RedisDatabases, s3_en
         try:
             stack.start(workers=False)
             ctx = Context(st)
-            service.register_builtin_models(ctx)
-            keys = [service.create_tenant(ctx, f"edge-{i}")[1] for i in range(2)]
+            registry.register_builtin_models(ctx)
+            keys = [auth.create_tenant(ctx, f"edge-{i}")[1] for i in range(2)]
             yield stack, keys
         finally:
             stack.stop()
@@ -300,7 +302,7 @@ def test_followers_of_batches_cost_one_read_a_poll(tenant_key: str, ctx: Context
     """150 streams following 3 batches at once: each poll is one read of the 3; the
     followers of the batch that moved are woken with its new state, the others only
     when their wait ends."""
-    tenant_id, _ = service.authenticate(ctx, tenant_key)
+    tenant_id, _ = auth.authenticate(ctx, tenant_key)
     batches = []
     for i in range(3):
         f = service.create_file(ctx, tenant_id, f"w{i}.jsonl", "batch",

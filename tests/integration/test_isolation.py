@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Upload, UploadPart
+from jobs.tenants import auth
 from jobs.tenants import projects as tenants
 from jobs.webhooks import events as webhooks
 from tests.integration.helpers import emb_line, jsonl
@@ -119,7 +119,7 @@ def a_objects(app: Any, ctx: Context, tenant_key: str, other_tenant_key: str
     job = a.post("/v1/jobs", json={"endpoint": "/v1/embeddings",
                                    "body": {"model": "all-MiniLM-L6-v2", "input": "x"}})
     assert job.status_code == 200, job.get_data(as_text=True)
-    a_project = service.authenticate(ctx, tenant_key).tenant_id
+    a_project = auth.authenticate(ctx, tenant_key).tenant_id
     sa, key = tenants.create_service_account(ctx, a_project, "a-etl")
     assert key is not None
     hook = a.post("/v1/webhook_endpoints", json={  # a public address: no DNS needed
@@ -140,7 +140,7 @@ def a_objects(app: Any, ctx: Context, tenant_key: str, other_tenant_key: str
             "delivery_id": delivery["data"][0]["id"],
             "service_account_id": sa.id, "api_key_id": key.key.id, "a_project_id": a_project,
             "a_key": key.value,
-            "b_project_id": service.authenticate(ctx, other_tenant_key).tenant_id}
+            "b_project_id": auth.authenticate(ctx, other_tenant_key).tenant_id}
 
 
 @pytest.mark.parametrize("method,rule", sorted(COVERED))

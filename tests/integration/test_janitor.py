@@ -22,7 +22,8 @@ from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatc
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats
+from jobs.tenants import auth
 from tests.conftest import free_port
 
 
@@ -39,7 +40,7 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 def make_batch(ctx: Context, shards: list[dict[str, object]],
                **batch: object) -> list[str]:
-    tenant_id, _ = service.create_tenant(ctx, "janitor")
+    tenant_id, _ = auth.create_tenant(ctx, "janitor")
     with ctx.db.session() as s:
         f = File(id=new_id("file-"), tenant_id=tenant_id, filename="in.jsonl", purpose="batch",
                  format="jsonl", bytes=1, object_key="x")
@@ -129,7 +130,7 @@ def test_lapsed_lease_is_handed_back_and_sent(jctx) -> None:  # type: ignore[no-
 
 
 def test_claims_count_attempts_in_a_row_without_progress(jctx) -> None:  # type: ignore[no-untyped-def]
-    from jobs.core import queries as repo
+    from jobs.batches import queries as repo
 
     (sid,) = make_batch(jctx, [{"status": ShardStatus.QUEUED}])
 
@@ -220,7 +221,7 @@ def waiting_batch(ctx: Context, n: int, **batch: object) -> list[str]:
 
 def announce_worker(ctx: Context, name: str, lanes: list[str]) -> None:
     """A model worker's heartbeat, as workers.process.heartbeat writes it: one slot on its lanes."""
-    realtime.heartbeat(ctx.redis, name, {"name": name, "lanes": lanes, "breaker": "closed",
+    heartbeats.write(ctx.redis, name, {"name": name, "lanes": lanes, "breaker": "closed",
                                          "models": []}, ttl_s=30)
 
 

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from jobs.batches import janitor
+from jobs.batches import queries as repo
 from jobs.batches.janitor import holders_without_heartbeat
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.core.status import ShardStatus
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats
 from tests.integration.test_janitor import make_batch, sent, status
 
 
@@ -39,7 +40,7 @@ def running(worker: str, claimed_at: float, token: str) -> dict[str, object]:
 def test_a_gone_workers_shard_is_handed_back_and_a_live_ones_is_not(hctx: Context) -> None:
     ttl = hctx.settings.heartbeat_ttl_s
     long_ago = time.time() - 100 * ttl
-    realtime.heartbeat(hctx.redis, "host:live", {"name": "host:live"}, 3600)
+    heartbeats.write(hctx.redis, "host:live", {"name": "host:live"}, 3600)
     gone, live, just_claimed = make_batch(hctx, [
         running("host:gone", long_ago, "a"),  # no heartbeat: killed
         running("host:live", long_ago, "b"),
@@ -62,10 +63,10 @@ def test_a_gone_workers_shard_is_handed_back_and_a_live_ones_is_not(hctx: Contex
 
 
 def test_a_heartbeat_that_expires_lets_the_next_sweep_break_the_lease(hctx: Context) -> None:
-    realtime.heartbeat(hctx.redis, "host:dying", {"name": "host:dying"}, 3600)
+    heartbeats.write(hctx.redis, "host:dying", {"name": "host:dying"}, 3600)
     (sid,) = make_batch(hctx, [running("host:dying", time.time() - 3600, "a")])
     assert janitor.sweep(hctx).requeued == []
-    hctx.redis.delete(realtime.WORKERS + "host:dying")  # as its TTL would, three beats on
+    hctx.redis.delete(redis_keys.WORKERS + "host:dying")  # as its TTL would, three beats on
     assert janitor.sweep(hctx).requeued == [sid]
 
 
@@ -91,7 +92,7 @@ def test_a_poked_heartbeat_beats_at_once_and_stops_at_once(hctx: Context) -> Non
         deadline = time.monotonic() + 10
 
         def resident() -> list[str]:
-            got = [b for b in realtime.heartbeats(hctx.redis) if "resident" in b]
+            got = [b for b in heartbeats.current(hctx.redis) if "resident" in b]
             return got[0]["resident"] if got else []
 
         while resident() != ["m@1"]:

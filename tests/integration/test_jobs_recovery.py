@@ -10,10 +10,12 @@ import pytest
 from sqlalchemy import update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
-from jobs.batches import service
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Job
 from jobs.core.settings import Settings
+from jobs.fleet import registry
+from jobs.tenants import auth
 
 
 @pytest.fixture
@@ -27,8 +29,8 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture
 def tenant(jctx: Context) -> str:
-    service.register_builtin_models(jctx)
-    return service.authenticate(jctx, service.create_tenant(jctx, "jobs")[1]).tenant_id
+    registry.register_builtin_models(jctx)
+    return auth.authenticate(jctx, auth.create_tenant(jctx, "jobs")[1]).tenant_id
 
 
 def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> None:
@@ -36,7 +38,7 @@ def test_a_job_left_by_a_dead_worker_runs_again(jctx: Context, tenant: str) -> N
                            {"model": "all-MiniLM-L6-v2", "input": "hello"})
     with jctx.db.session() as s:
         assert s.get(Job, job.id).status == "queued"  # stored before acknowledged
-    queue = asyncjobs.queue_for(asyncjobs.job_ref(job))  # no live worker: its version's
+    queue = redis_keys.jobs_queue(asyncjobs.job_ref(job))  # no live worker: its version's
     assert jctx.redis.lrem(queue, 0, job.id) == 1  # "worker A" pops it
     first = asyncjobs.claim(jctx, [job.id], "worker-a", "token-a", ttl_s=30)
     assert [j.id for j in first] == [job.id] and first[0].attempt == 1
@@ -57,7 +59,7 @@ def test_a_lost_push_is_recovered_when_the_queue_is_empty(jctx: Context,
                                                           tenant: str) -> None:
     job = asyncjobs.create(jctx, tenant, "/v1/embeddings",
                            {"model": "all-MiniLM-L6-v2", "input": "lost"})
-    jctx.redis.delete(asyncjobs.queue_for(asyncjobs.job_ref(job)))  # e.g. Redis lost it
+    jctx.redis.delete(redis_keys.jobs_queue(asyncjobs.job_ref(job)))  # e.g. Redis lost it
     assert asyncjobs.queued_anywhere(jctx) == 0
     assert job.id not in asyncjobs.recover(jctx, stale_queued_s=60)  # not old yet
     assert job.id in asyncjobs.recover(jctx, stale_queued_s=-1)

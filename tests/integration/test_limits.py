@@ -39,14 +39,14 @@ from api.app import create_app
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import service
 from jobs.batches.sharding import TokenCounter
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Batch, Job, RateLimit
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus
-from jobs.fleet import registry
+from jobs.fleet import heartbeats, registry
 from jobs.protocol.requests import BatchCreate
-from jobs.realtime import client as realtime
-from jobs.tenants import limits
+from jobs.tenants import auth, limits
 from storage import keys
 from storage.embedded import EmbeddedRedis
 from tests.conftest import free_port
@@ -66,7 +66,7 @@ class Service:
     settings: Settings
 
     def project(self, **lim: Any) -> Project:
-        tenant_id, key = service.create_tenant(self.ctx, f"lim-{secrets.token_hex(4)}")
+        tenant_id, key = auth.create_tenant(self.ctx, f"lim-{secrets.token_hex(4)}")
         p = Project(self, tenant_id, key)
         if lim:
             p.set_limits(**lim)
@@ -252,19 +252,19 @@ def window_total(svc: Service, p: Project, model: str = EMBED) -> int:
 def embeddings_worker(r: redis_lib.Redis, real_tokens: int, answers: int) -> threading.Thread:
     """Plays a realtime worker for EMBED: answers ``answers`` requests, each with
     ``real_tokens`` in its usage."""
-    realtime.heartbeat(r, "lim-worker", {"name": "lim-worker", "lanes": ["realtime"],
+    heartbeats.write(r, "lim-worker", {"name": "lim-worker", "lanes": ["realtime"],
                                          "models": [EMBED, CHAT]}, 60)
 
     def run() -> None:
         for _ in range(answers):
-            got = r.brpop([realtime.queue_for(EMBED)], timeout=10)
+            got = r.brpop([redis_keys.realtime_queue(EMBED)], timeout=10)
             assert got is not None
             msg = orjson.loads(got[1])
             body = {"object": "list", "data": [{"object": "embedding", "index": 0,
                                                 "embedding": [0.0, 1.0]}],
                     "model": EMBED, "usage": {"prompt_tokens": real_tokens,
                                               "total_tokens": real_tokens}}
-            r.lpush(realtime.reply_key(msg["id"]), orjson.dumps({"body": body}))
+            r.lpush(redis_keys.reply(msg["id"]), orjson.dumps({"body": body}))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -282,7 +282,7 @@ def test_realtime_reservations_are_corrected_to_the_workers_counts(svc: Service)
     assert r.headers["x-ratelimit-remaining-tokens"] == str(1000 - reserved)  # at admission
     assert window_total(svc, p) == 9  # refunded to the real count when answered
     # Not answered (no worker serves it): the reservation is given back entirely.
-    svc.ctx.redis.delete(realtime.WORKERS + "lim-worker")
+    svc.ctx.redis.delete(redis_keys.WORKERS + "lim-worker")
     r = p.client().post("/v1/embeddings", json={"model": EMBED, "input": text})
     assert r.status_code == 503 and "x-ratelimit-remaining-tokens" in r.headers
     assert window_total(svc, p) == 9
@@ -313,7 +313,7 @@ class StreamWorker:
     def __init__(self, r: redis_lib.Redis) -> None:
         kw = r.connection_pool.connection_kwargs
         self.r = redis_lib.Redis(host=kw["host"], port=kw["port"], db=kw.get("db", 0))
-        realtime.heartbeat(self.r, "lim-streamer", {"name": "lim-streamer",
+        heartbeats.write(self.r, "lim-streamer", {"name": "lim-streamer",
                                                     "lanes": ["realtime"], "models": [CHAT]}, 60)
         self.taken: list[str] = []
         self.stop = threading.Event()
@@ -322,14 +322,14 @@ class StreamWorker:
 
     def run(self) -> None:
         while not self.stop.is_set():
-            got = self.r.brpop([realtime.queue_for(CHAT)], timeout=1)
+            got = self.r.brpop([redis_keys.realtime_queue(CHAT)], timeout=1)
             if got is not None:
                 rid = orjson.loads(got[1])["id"]
                 self.taken.append(rid)
-                self.r.publish(realtime.stream_channel(rid), orjson.dumps({"n": 0, "t": "start"}))
+                self.r.publish(redis_keys.stream(rid), orjson.dumps({"n": 0, "t": "start"}))
 
     def finish(self, rid: str) -> None:
-        ch = realtime.stream_channel(rid)
+        ch = redis_keys.stream(rid)
         self.r.publish(ch, orjson.dumps({"n": 1, "t": "delta", "text": "hi"}))
         self.r.publish(ch, orjson.dumps({"n": 2, "t": "done", "finish_reason": "stop",
                                          "prompt_tokens": 3, "completion_tokens": 1}))
@@ -538,7 +538,7 @@ def test_the_sdk_against_a_stack_sees_headers_real_usage_and_429(stack, ctx) -> 
     429 reaches the SDK as RateLimitError."""
     import openai
 
-    tenant_id, key = service.create_tenant(ctx, f"lim-sdk-{secrets.token_hex(4)}")
+    tenant_id, key = auth.create_tenant(ctx, f"lim-sdk-{secrets.token_hex(4)}")
     sdk = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0,
                         _strict_response_validation=True, timeout=120)
     emb, chat = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
@@ -576,7 +576,7 @@ def stack_project(stack: Any, ctx: Context, **lim: Any) -> tuple[Project, Any]:
     """A project of its own (limits set for ``lim``'s model) and an SDK client for it."""
     import openai
 
-    tenant_id, key = service.create_tenant(ctx, f"exact-{secrets.token_hex(4)}")
+    tenant_id, key = auth.create_tenant(ctx, f"exact-{secrets.token_hex(4)}")
     p = Project(Service([], ctx, ctx.settings), tenant_id, key)
     if lim:
         p.set_limits(**lim)

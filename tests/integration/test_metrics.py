@@ -12,8 +12,8 @@ from urllib.request import Request, urlopen
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.batches import service
 from jobs.core.context import Context
+from jobs.tenants import auth
 from tests.integration.helpers import emb_line, jsonl, lines, upload
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_every_process_announces_a_metrics_url(urls: dict[str, str], stack) -> N
 
 def test_series_after_a_batch_a_stream_and_a_request(urls: dict[str, str], sdk, stack,  # type: ignore[no-untyped-def]
                                                      ctx: Context, tenant_key: str) -> None:
-    project = service.authenticate(ctx, tenant_key).tenant_id
+    project = auth.authenticate(ctx, tenant_key).tenant_id
     model_url = next(v for k, v in urls.items() if "realtime" in k)
     control_url = next(v for k, v in urls.items() if "(control)" in k)
     token = stack.settings.metrics_token

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.settings import Settings
+from jobs.fleet import registry
+from jobs.tenants import auth
 
 TOKEN = "iq-metrics-" + secrets.token_urlsafe(16)
 
@@ -27,11 +28,11 @@ def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
 
     st = own_settings.model_copy(update={"metrics_token": TOKEN})
     ctx = Context(st)
-    service.register_builtin_models(ctx)
-    project, key = service.create_tenant(ctx, f"metrics-{secrets.token_hex(3)}")
+    registry.register_builtin_models(ctx)
+    project, key = auth.create_tenant(ctx, f"metrics-{secrets.token_hex(3)}")
     admin = f"iq-admin-{secrets.token_urlsafe(16)}"
-    service.ensure_admin_key(ctx, admin)
-    principal = service.authenticate(ctx, key)
+    auth.ensure_admin_key(ctx, admin)
+    principal = auth.authenticate(ctx, key)
     yield {"app": create_app(st), "settings": st, "key": key, "admin": admin,
            "project_id": principal.tenant_id, "key_id": principal.api_key_id}
     ctx.close()

@@ -31,7 +31,7 @@ from sqlalchemy import delete
 from jobs.core.context import Context
 from jobs.core.schema import Model
 from jobs.fleet import catalog, placement, registry, shadow
-from jobs.realtime.client import live_workers
+from jobs.fleet.heartbeats import live_workers
 from tests.integration.helpers import emb_line, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow

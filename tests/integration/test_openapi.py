@@ -27,8 +27,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.routes.openapi import _ARG, MEDIA, OK
-from jobs.batches import service
 from jobs.fleet import registry
+from jobs.tenants import auth
 from tests.conftest import fresh_database
 
 EXAMPLES = 5
@@ -52,13 +52,13 @@ def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # typ
             "object_store_url": f"{settings.object_store_url}-openapi-{secrets.token_hex(3)}"})
         app = create_app(st)
         ctx = app.extensions["inferq"]
-        service.register_builtin_models(ctx)
+        registry.register_builtin_models(ctx)
         # a chat model in the registry only (no files, no worker): requests for it are
         # valid and reach the point where no worker serves them
         registry.register(ctx, CHAT_MODEL, "1", registry.CHAT_KIND, "test", [], 2048)
-        key = service.create_tenant(ctx, "openapi")[1]
+        key = auth.create_tenant(ctx, "openapi")[1]
         admin = f"iq-admin-{secrets.token_urlsafe(16)}"
-        service.ensure_admin_key(ctx, admin)
+        auth.ensure_admin_key(ctx, admin)
         yield {"app": app, "key": key, "admin": admin}
         ctx.close()
 

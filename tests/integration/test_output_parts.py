@@ -25,13 +25,14 @@ import orjson
 import pytest
 from sqlalchemy import update
 
-from jobs.batches import finalize, outputs, service
+from jobs.batches import finalize, outputs
+from jobs.batches import queries as repo
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardOutcome, ShardStatus
+from jobs.tenants import auth
 from storage import keys
 from storage.parquet import shard_bytes
 from workers.shards.pipeline import process_shard
@@ -105,7 +106,7 @@ def worker_ctx(ctx: Context, chunk_rows: int) -> Context:
 
 def make_batch(ctx: Context, rows: int = ROWS, **shard: Any) -> tuple[str, str]:
     """A batch in progress with one shard of ``rows`` requests; (batch id, shard id)."""
-    tenant_id, _ = service.create_tenant(ctx, f"parts-{secrets.token_hex(4)}")
+    tenant_id, _ = auth.create_tenant(ctx, f"parts-{secrets.token_hex(4)}")
     batch_id = new_id("batch_")
     ctx.store.put_bytes(keys.shard_input(batch_id, 0), shard_bytes(
         [(i + 1, f"req-{i}", orjson.dumps({"input": "x"}).decode(), i) for i in range(rows)]))

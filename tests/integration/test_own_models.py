@@ -29,11 +29,11 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import delete, update
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Job, Model, Tenant
 from jobs.fleet import catalog, registry
-from jobs.realtime.client import live_workers
+from jobs.fleet.heartbeats import live_workers
+from jobs.tenants import auth
 from storage import keys
 from tests.integration.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
 
@@ -86,7 +86,7 @@ def own(fstack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
 
     admin = httpx2.Client(base_url=fstack.base_url + "/v1/organization", timeout=60,
                           headers={"Authorization": f"Bearer {fstack.admin_api_key()}"})
-    tenant_id, _ = service.create_tenant(ctx, f"own-models-{SFX}")
+    tenant_id, _ = auth.create_tenant(ctx, f"own-models-{SFX}")
     yield {"ctx": ctx, "minilm": root / "minilm", "bert": bert, "llama": llama,
            "admin": admin, "tenant": tenant_id}
     admin.close()

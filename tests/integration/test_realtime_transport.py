@@ -13,16 +13,18 @@ import orjson
 import pytest
 import redis as redis_lib
 
+from jobs.core import redis_keys
 from jobs.core.errors import ModelNotLoaded, RequestTimeout
-from jobs.realtime import client as realtime
-from jobs.realtime.client import RealtimeClient, StreamBroken, TokenStream, stream_channel
+from jobs.core.redis_keys import stream as stream_channel
+from jobs.fleet import heartbeats
+from jobs.realtime.client import RealtimeClient, StreamBroken, TokenStream
 
 
 @pytest.fixture
 def r(own_redis_url: str):  # type: ignore[no-untyped-def]
     """A Redis DB of this test's own: no real worker takes the requests it queues."""
     client = redis_lib.Redis.from_url(own_redis_url)
-    realtime.heartbeat(client, "test-worker", {"name": "test-worker", "lanes": ["realtime"],
+    heartbeats.write(client, "test-worker", {"name": "test-worker", "lanes": ["realtime"],
                                                "models": ["m"]}, 60)
     yield client
     client.close()
@@ -36,7 +38,7 @@ def fake_worker(r: redis_lib.Redis, events: list[dict], delay: float = 0.0) -> t
 
     def run() -> None:
         with own:
-            got = own.brpop([realtime.queue_for("m")], timeout=10)
+            got = own.brpop([redis_keys.realtime_queue("m")], timeout=10)
             assert got is not None
             rid = orjson.loads(got[1])["id"]
             for ev in events:
@@ -100,7 +102,7 @@ def test_no_progress_deadline(r) -> None:  # type: ignore[no-untyped-def]
 
 def test_closing_early_publishes_a_cancel(r) -> None:  # type: ignore[no-untyped-def]
     cancels = r.pubsub()
-    cancels.subscribe(realtime.CANCEL_CHANNEL)
+    cancels.subscribe(redis_keys.CANCEL_CHANNEL)
     assert cancels.get_message(timeout=2)["type"] == "subscribe"
     fake_worker(r, [{"n": 0, "t": "start"}])
     ts = stream(r)
@@ -123,21 +125,21 @@ def test_a_model_no_live_worker_announces_is_refused_at_once(r) -> None:  # type
     assert (e.value.status, e.value.code) == (503, "model_not_loaded")
     assert e.value.headers["retry-after"] == "5"
     assert e.value.message.startswith("no worker serves model 'other' right now")
-    assert r.llen(realtime.queue_for("other")) == 0
+    assert r.llen(redis_keys.realtime_queue("other")) == 0
 
 
 def test_a_request_waits_on_its_own_models_queue(r) -> None:  # type: ignore[no-untyped-def]
-    realtime.heartbeat(r, "worker-2", {"name": "worker-2", "lanes": ["realtime"],
+    heartbeats.write(r, "worker-2", {"name": "worker-2", "lanes": ["realtime"],
                                        "models": ["m", "e"]}, 60)
     answered: list[dict] = []  # type: ignore[type-arg]
 
     def worker() -> None:
-        _, raw = r.brpop([realtime.queue_for("e")], timeout=10)
+        _, raw = r.brpop([redis_keys.realtime_queue("e")], timeout=10)
         msg = orjson.loads(raw)
         answered.append(msg)
-        r.lpush(realtime.reply_key(msg["id"]), orjson.dumps({"body": {"ok": True}}))
+        r.lpush(redis_keys.reply(msg["id"]), orjson.dumps({"body": {"ok": True}}))
 
     threading.Thread(target=worker, daemon=True).start()
     body = RealtimeClient(r).call("/v1/embeddings", {"model": "e", "input": "x"}, 10)
     assert orjson.loads(body) == {"ok": True}
-    assert answered[0]["body"]["model"] == "e" and r.llen(realtime.queue_for("m")) == 0
+    assert answered[0]["body"]["model"] == "e" and r.llen(redis_keys.realtime_queue("m")) == 0

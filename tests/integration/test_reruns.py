@@ -23,10 +23,11 @@ from openai import OpenAI
 from openai.types import Batch as BatchObject
 
 from jobs.batches import finalize, service
-from jobs.core import queries as repo
+from jobs.batches import queries as repo
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
+from jobs.tenants import auth
 from tests.integration.helpers import emb_line, held_models, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
@@ -45,8 +46,8 @@ def world(own_settings: Settings) -> Iterator[dict[str, Any]]:
     registry.register(ctx, MODEL, "1", "embeddings", "test",  # a registry row only
                       [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
     catalog.invalidate(ctx)
-    yield {"app": app, "ctx": ctx, "key": service.create_tenant(ctx, "reruns")[1],
-           "other": service.create_tenant(ctx, "reruns-other")[1]}
+    yield {"app": app, "ctx": ctx, "key": auth.create_tenant(ctx, "reruns")[1],
+           "other": auth.create_tenant(ctx, "reruns-other")[1]}
 
 
 def sdk(world: dict[str, Any], key: str | None = None) -> OpenAI:

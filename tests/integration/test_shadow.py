@@ -15,11 +15,12 @@ import orjson
 import pytest
 import redis as redis_lib
 
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import shadow
+from jobs.fleet import heartbeats, shadow
 from jobs.protocol.requests import CHAT
-from jobs.realtime import client as realtime
+from jobs.realtime import shadow as mirror
 
 MODEL = "shadowed-chat"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -50,7 +51,7 @@ class Candidate(threading.Thread):
         self.publisher.start()
         self.cancels.start()
         while self.texts:
-            got = self.r.brpop([realtime.queue_for(f"{MODEL}@2")], timeout=10)
+            got = self.r.brpop([redis_keys.realtime_queue(f"{MODEL}@2")], timeout=10)
             if got is None:
                 return
             msg = orjson.loads(got[1])
@@ -74,14 +75,14 @@ class Candidate(threading.Thread):
 
 
 def test_chat_shadows_are_compared_by_exact_match(ctx: Context) -> None:
-    realtime.heartbeat(ctx.redis, "cand", {"name": "cand", "lanes": ["realtime"],
+    heartbeats.write(ctx.redis, "cand", {"name": "cand", "lanes": ["realtime"],
                                            "models": [MODEL], "resident": [f"{MODEL}@2"]}, 60)
     cand = Candidate(ctx.redis, ["same text", "other text", None])
     cand.start()
     try:
         for _ in range(3):  # the client got "same text " each time
             shadow.record(ctx.redis, MODEL, "1", "primary", 0.05)
-            shadow._generation(ctx, CHAT, dict(BODY), "same text ", ("2",))
+            mirror._generation(ctx, CHAT, dict(BODY), "same text ", ("2",))
     finally:
         cand.join(20)
         cand.stop()
@@ -106,6 +107,6 @@ def test_embedding_agreement_is_the_mean_cosine() -> None:
                         .decode()} for i, v in enumerate(a)]}
     rotated = {"data": [{"index": 1, "embedding": [1.0, 1.0]},
                         {"index": 0, "embedding": [1.0, 0.0]}]}
-    assert shadow.cosine(shadow.vectors(as_b64), shadow.vectors(rotated)) == pytest.approx(
+    assert mirror.cosine(mirror.vectors(as_b64), mirror.vectors(rotated)) == pytest.approx(
         (1.0 + 2 ** -0.5) / 2)
-    assert shadow.cosine(a, a[:1]) == 0.0  # answers that do not pair up agree in nothing
+    assert mirror.cosine(a, a[:1]) == 0.0  # answers that do not pair up agree in nothing

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import redis as redis_lib
 
-from jobs.realtime.client import WORKERS
+from jobs.core.redis_keys import WORKERS
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow

@@ -23,15 +23,15 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
+from jobs.batches import queries as repo
 from jobs.batches import service
 from jobs.batches.outputs import Tokens
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.schema import Batch, now
 from jobs.core.settings import Settings
-from jobs.fleet import catalog, registry
-from jobs.realtime import client as realtime
+from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
+from jobs.tenants import auth
 from tests.conftest import free_port
 from tests.integration.test_dashboard_api import MODEL, as_key, make_batch
 
@@ -79,9 +79,9 @@ def api(own_settings: Settings, tmp_path: Path) -> Iterator[Api]:
     registry.register(ctx, MODEL, "1", "embeddings", "test",  # a registry row only
                       [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
     catalog.invalidate(ctx)
-    key = service.create_tenant(ctx, f"top-{secrets.token_hex(3)}")[1]
+    key = auth.create_tenant(ctx, f"top-{secrets.token_hex(3)}")[1]
     admin_key = f"iq-admin-{secrets.token_urlsafe(16)}"
-    service.ensure_admin_key(ctx, admin_key)
+    auth.ensure_admin_key(ctx, admin_key)
     batch_id = make_batch(as_key(app, key), rows=250)
     service.validate_batch(ctx, batch_id)  # the test is the control worker
     with ctx.db.session() as s:
@@ -91,7 +91,7 @@ def api(own_settings: Settings, tmp_path: Path) -> Iterator[Api]:
         shard_id = repo.shards_of(s, batch_id)[0].id
     with ctx.db.session() as s:
         assert repo.claim_shard(s, shard_id, "tok", "w-top", 60) is not None
-    realtime.heartbeat(ctx.redis, "w-top@host", {
+    heartbeats.write(ctx.redis, "w-top@host", {
         "name": "w-top@host", "lanes": ["batch", "realtime"], "models": [MODEL],
         "breaker": "closed", "metrics_url": None, "at": time.time()}, 600)
     rec = stats.Recorder()

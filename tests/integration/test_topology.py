@@ -34,7 +34,7 @@ from sqlalchemy import select
 from jobs.core.context import Context
 from jobs.core.schema import Shard
 from jobs.core.settings import Settings
-from jobs.realtime.client import live_workers
+from jobs.fleet.heartbeats import live_workers
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
 

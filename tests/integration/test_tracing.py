@@ -14,6 +14,7 @@ import pytest
 
 from jobs.core.context import Context
 from jobs.core.schema import Batch
+from jobs.fleet import heartbeats
 from tests.conftest import AWS_ENV, free_port, fresh_database
 from tests.integration.helpers import emb_line, held_models, jsonl, upload, wait
 
@@ -218,7 +219,6 @@ def test_a_realtime_request_in_process_is_one_trace(own_redis_url: str, minilm: 
     from jobs.core import logs, tracing
     from jobs.core.errors import InferqError
     from jobs.core.settings import Settings
-    from jobs.realtime import client as realtime
     from jobs.realtime.client import RealtimeClient
     from workers.lanes.realtime import RealtimeConsumer
 
@@ -228,7 +228,7 @@ def test_a_realtime_request_in_process_is_one_trace(own_redis_url: str, minilm: 
     lane = RealtimeConsumer(r, held_models(((minilm, minilm_engine),)), 100,
                             allow=lambda: True)
     lane.start()
-    realtime.heartbeat(r, "w", {"name": "w", "lanes": ["realtime"],
+    heartbeats.write(r, "w", {"name": "w", "lanes": ["realtime"],
                                 "models": ["all-MiniLM-L6-v2"]}, 60)
     try:
         with tracing.span("POST /v1/embeddings", SpanKind.SERVER), \

@@ -18,16 +18,18 @@ import orjson
 import pytest
 
 from jobs.asyncjobs import lifecycle as asyncjobs
-from jobs.batches import janitor, service
+from jobs.batches import janitor
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InferqError, ModelNotLoaded
 from jobs.core.schema import Model
 from jobs.core.settings import Settings
 from jobs.core.status import JobStatus
-from jobs.fleet import placement, registry
+from jobs.fleet import heartbeats, placement, registry
 from jobs.protocol.requests import CHAT
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
+from jobs.tenants import auth
 from workers.lanes.jobs import JobsConsumer
 from workers.models.residency import Commands, Residency, Resident
 
@@ -52,13 +54,13 @@ class Worker:
 
     def beat(self) -> None:
         """A heartbeat, late or not: current from now on."""
-        realtime.heartbeat(self.ctx.redis, self.name, {
+        heartbeats.write(self.ctx.redis, self.name, {
             "name": self.name, "lanes": self.lanes, "breaker": "closed",
             "models": self.residency.names(), "resident": self.residency.refs(),
             "residency": self.residency.snapshot()}, 3600)
 
     def dies(self) -> None:
-        self.ctx.redis.delete(realtime.WORKERS + self.name)
+        self.ctx.redis.delete(redis_keys.WORKERS + self.name)
 
     def commands_sent(self) -> list[dict[str, Any]]:
         return [orjson.loads(c) for c in
@@ -81,7 +83,7 @@ def pctx(own_settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture
 def tenant(pctx: Context) -> str:
-    return service.authenticate(pctx, service.create_tenant(pctx, "unplaceable")[1]).tenant_id
+    return auth.authenticate(pctx, auth.create_tenant(pctx, "unplaceable")[1]).tenant_id
 
 
 def until(check: Callable[[], Any], timeout: float = 30) -> Any:
@@ -97,17 +99,17 @@ def test_a_job_pushed_while_no_jobs_worker_was_live_fails_once_one_is(
     ref = registry.ref(EMBEDDER, "1")
     job = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "hi"})
     # No jobs worker is live (its heartbeat is late): the job waits on its version's list.
-    assert pctx.redis.lrange(asyncjobs.queue_for(ref), 0, -1) == [job.id.encode()]
+    assert pctx.redis.lrange(redis_keys.jobs_queue(ref), 0, -1) == [job.id.encode()]
     janitor.sweep(pctx)  # still none live: it keeps waiting there
-    assert pctx.redis.lrange(asyncjobs.queue_for(ref), 0, -1) == [job.id.encode()]
+    assert pctx.redis.lrange(redis_keys.jobs_queue(ref), 0, -1) == [job.id.encode()]
 
     w = Worker(pctx, "host:late", ["jobs"])
     w.beat()  # its heartbeat comes back
     janitor.sweep(pctx)  # the next sweep places the version on it
     assert [(c["op"], c["ref"]) for c in w.commands_sent()] == [("load", ref)]
     w.take_commands()  # the load fails: the job goes to the common list
-    assert pctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
-    assert not pctx.redis.exists(asyncjobs.queue_for(ref))
+    assert pctx.redis.lrange(redis_keys.JOBS_QUEUE, 0, -1) == [job.id.encode()]
+    assert not pctx.redis.exists(redis_keys.jobs_queue(ref))
 
     w.jobs.take_burst()  # which its jobs lane takes from, and refuses
     w.jobs.writer.shutdown(wait=True)
@@ -130,11 +132,11 @@ def test_a_job_pushed_as_its_load_failed_goes_where_it_is_refused(
     placement.load_failed(pctx, ref, "FileNotFoundError: config.json")
     second = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "b"})
     placement.placed(pctx.redis, ref, w.name)
-    stranded = pctx.redis.lrange(asyncjobs.queue_for(ref), 0, -1)
-    assert pctx.redis.lrange(asyncjobs.QUEUE, 0, -1) + stranded == [
+    stranded = pctx.redis.lrange(redis_keys.jobs_queue(ref), 0, -1)
+    assert pctx.redis.lrange(redis_keys.JOBS_QUEUE, 0, -1) + stranded == [
         first.id.encode(), second.id.encode()]
     janitor.sweep(pctx)
-    assert pctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [first.id.encode(),
+    assert pctx.redis.lrange(redis_keys.JOBS_QUEUE, 0, -1) == [first.id.encode(),
                                                           second.id.encode()]
     assert w.commands_sent() == []  # a failed load is not tried again meanwhile
 
@@ -148,10 +150,10 @@ def test_a_job_left_on_the_list_of_a_version_whose_load_failed_is_refused(
     # Its last load failed, and the job is on the version's list all the same (pushed
     # by a placement decided just before the failure emptied that list).
     pctx.redis.set(placement.FAILED + ref, "FileNotFoundError: config.json")
-    assert pctx.redis.lrange(asyncjobs.queue_for(ref), 0, -1) == [job.id.encode()]
+    assert pctx.redis.lrange(redis_keys.jobs_queue(ref), 0, -1) == [job.id.encode()]
     janitor.sweep(pctx)
-    assert pctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
-    assert not pctx.redis.exists(asyncjobs.queue_for(ref)) and w.commands_sent() == []
+    assert pctx.redis.lrange(redis_keys.JOBS_QUEUE, 0, -1) == [job.id.encode()]
+    assert not pctx.redis.exists(redis_keys.jobs_queue(ref)) and w.commands_sent() == []
 
 
 def test_a_job_placed_on_a_worker_that_died_is_placed_again(pctx: Context,
@@ -166,7 +168,7 @@ def test_a_job_placed_on_a_worker_that_died_is_placed_again(pctx: Context,
     janitor.sweep(pctx)
     assert [(c["op"], c["ref"]) for c in b.commands_sent()] == [("load", ref)]
     b.take_commands()
-    assert pctx.redis.lrange(asyncjobs.QUEUE, 0, -1) == [job.id.encode()]
+    assert pctx.redis.lrange(redis_keys.JOBS_QUEUE, 0, -1) == [job.id.encode()]
 
 
 # Realtime ------------------------------------------------------------------------------
@@ -223,7 +225,7 @@ def test_a_realtime_request_sent_as_its_load_failed_gets_the_error(pctx: Context
                                           timeout_s=120))()
     refused(e)
     assert f"no worker serves model '{EMBEDDER}'" in e.message
-    assert not pctx.redis.exists(realtime.queue_for(ref))  # taken back
+    assert not pctx.redis.exists(redis_keys.realtime_queue(ref))  # taken back
 
 
 def test_a_realtime_request_placed_on_a_worker_that_died_is_placed_again(
@@ -244,4 +246,4 @@ def test_a_realtime_request_placed_on_a_worker_that_died_is_placed_again(
     e = outcome()
     refused(e)
     assert isinstance(e, InferqError) and "could not be loaded" in e.message
-    assert not pctx.redis.exists(realtime.queue_for(ref))
+    assert not pctx.redis.exists(redis_keys.realtime_queue(ref))

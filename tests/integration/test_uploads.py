@@ -21,10 +21,11 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import func, select, update
 
-from jobs.batches import janitor, service, uploads
+from jobs.batches import janitor, uploads
 from jobs.core.context import Context
 from jobs.core.schema import File, Upload, UploadPart, now
 from jobs.fleet import registry
+from jobs.tenants import auth
 from storage import keys
 from tests.conftest import fresh_database
 from tests.integration.helpers import emb_line, jsonl
@@ -48,8 +49,8 @@ def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # typ
         ctx: Context = app.extensions["inferq"]
         # a model in the registry only: a batch for it can be created (no worker runs it)
         registry.register(ctx, MODEL, "1", registry.EMBEDDINGS_KIND, "test", [], 512)
-        yield {"app": app, "ctx": ctx, "key": service.create_tenant(ctx, "uploads-a")[1],
-               "other": service.create_tenant(ctx, "uploads-b")[1]}
+        yield {"app": app, "ctx": ctx, "key": auth.create_tenant(ctx, "uploads-a")[1],
+               "other": auth.create_tenant(ctx, "uploads-b")[1]}
         ctx.close()
 
 

@@ -26,11 +26,10 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Shard, UsageRecord
 from jobs.core.settings import Settings
-from jobs.tenants import usage
+from jobs.tenants import auth, usage
 from tests.integration.helpers import chat_line, emb_line, jsonl, lines, upload, wait
 
 EMB_MODEL, CHAT_MODEL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
@@ -81,10 +80,10 @@ def totals(page: Any) -> dict[str, int]:
 
 
 def test_buckets_group_by_filters_and_pages(uctx: Context, wsgi: httpx.Client) -> None:
-    a, key_a = service.create_tenant(uctx, "team-a")
-    b, _ = service.create_tenant(uctx, "team-b")
+    a, key_a = auth.create_tenant(uctx, "team-a")
+    b, _ = auth.create_tenant(uctx, "team-b")
     admin_key = "sk-admin-" + secrets.token_hex(8)
-    service.ensure_admin_key(uctx, admin_key)
+    auth.ensure_admin_key(uctx, admin_key)
     # Day 0: two of A's requests (one a batch chunk of 5 on flex), one of B's; day 2: B's
     # embeddings; day 1 is empty.
     put(uctx, T0 + 10, a, input_tokens=100, output_tokens=7, accelerator_seconds=1.5)
@@ -157,7 +156,7 @@ def test_buckets_group_by_filters_and_pages(uctx: Context, wsgi: httpx.Client) -
     r = wsgi.get("/v1/organization/usage/completions", params={"start_time": T0},
                  headers={"Authorization": f"Bearer {key_a}"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_permissions"
-    auth = {"Authorization": f"Bearer {admin_key}"}
+    admin_auth = {"Authorization": f"Bearer {admin_key}"}
     bad: list[tuple[str, dict[str, Any], str]] = [
         ("usage/completions", {}, "start_time"),
         ("usage/completions", {"start_time": T0, "bucket_width": "1w"}, "bucket_width"),
@@ -168,7 +167,7 @@ def test_buckets_group_by_filters_and_pages(uctx: Context, wsgi: httpx.Client) -
         ("costs", {"start_time": T0 + DAY, "end_time": T0}, "end_time"),
     ]
     for path, params, param in bad:
-        r = wsgi.get(f"/v1/organization/{path}", params=params, headers=auth)
+        r = wsgi.get(f"/v1/organization/{path}", params=params, headers=admin_auth)
         assert r.status_code == 400, (path, params, r.text)
         assert r.json()["error"]["param"] == param
 
@@ -194,10 +193,10 @@ def until(fetch: Any, ok: Any, timeout: float = 30) -> Any:
 
 def project(ctx: Context) -> tuple[str, str, str, str]:
     """A project of this test's own: (project id, its key, the key's id, an admin key)."""
-    tenant, key = service.create_tenant(ctx, f"usage-{secrets.token_hex(4)}")
+    tenant, key = auth.create_tenant(ctx, f"usage-{secrets.token_hex(4)}")
     admin_key = "sk-admin-" + secrets.token_hex(8)
-    service.ensure_admin_key(ctx, admin_key)
-    return tenant, key, service.authenticate(ctx, key).api_key_id, admin_key
+    auth.ensure_admin_key(ctx, admin_key)
+    return tenant, key, auth.authenticate(ctx, key).api_key_id, admin_key
 
 
 def records(ctx: Context, **where: Any) -> list[UsageRecord]:

@@ -28,9 +28,9 @@ from openai import OpenAI
 from sqlalchemy import select, update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
-from jobs.batches import service
 from jobs.core.context import Context
 from jobs.core.schema import Batch, WebhookAttempt, WebhookDelivery, WebhookEvent
+from jobs.tenants import auth
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, wait
 from tests.integration.receiver import receiver
@@ -83,7 +83,7 @@ def http_for(stack: Any, key: str) -> httpx2.Client:
 
 @pytest.fixture(scope="module")
 def other_key(wctx: Context) -> str:
-    return service.create_tenant(wctx, f"other-{secrets.token_hex(3)}")[1]
+    return auth.create_tenant(wctx, f"other-{secrets.token_hex(3)}")[1]
 
 
 def test_endpoints_through_the_sdk(wstack: Any, other_key: str) -> None:

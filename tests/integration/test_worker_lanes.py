@@ -17,14 +17,16 @@ import redis as redis_lib
 from sqlalchemy import select, update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
-from jobs.batches import service
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InferqError
 from jobs.core.schema import Job, new_id, now
 from jobs.core.settings import Settings
+from jobs.fleet import heartbeats, registry
 from jobs.protocol.requests import CHAT, EMBEDDINGS
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
+from jobs.tenants import auth
 from tests.integration.helpers import held_models
 
 MODEL = "all-MiniLM-L6-v2"
@@ -57,7 +59,7 @@ def r(own_redis_url: str, minilm, minilm_engine) -> Iterator[redis_lib.Redis]:  
     lane = RealtimeConsumer(client, workers_models(minilm, minilm_engine), 100,
                             allow=lambda: True)
     lane.start()
-    realtime.heartbeat(client, "w", {"name": "w", "lanes": ["realtime"],
+    heartbeats.write(client, "w", {"name": "w", "lanes": ["realtime"],
                                      "models": [MODEL, CHAT_MODEL]}, 60)
     yield client
     lane.stop()
@@ -72,8 +74,8 @@ def call(r: redis_lib.Redis, body: dict[str, Any]) -> Any:  # type: ignore[type-
 
 def reply_to(r: redis_lib.Redis, msg: dict[str, Any]) -> dict[str, Any]:  # type: ignore[type-arg]
     """Queue a raw message on the model's list and wait for its reply."""
-    r.lpush(realtime.queue_for(MODEL), orjson.dumps(msg))
-    got = r.blpop([realtime.reply_key(msg["id"])], timeout=20)
+    r.lpush(redis_keys.realtime_queue(MODEL), orjson.dumps(msg))
+    got = r.blpop([redis_keys.reply(msg["id"])], timeout=20)
     assert got is not None, "no reply: the realtime thread died"
     out: dict[str, Any] = orjson.loads(got[1])
     return out
@@ -81,7 +83,7 @@ def reply_to(r: redis_lib.Redis, msg: dict[str, Any]) -> dict[str, Any]:  # type
 
 def test_realtime_errors_are_answered_and_the_lane_lives_on(r) -> None:  # type: ignore[no-untyped-def]
     deadline = time.time() + 30
-    r.lpush(realtime.queue_for(MODEL), b"{not json")  # nobody to answer
+    r.lpush(redis_keys.realtime_queue(MODEL), b"{not json")  # nobody to answer
     missing_kind = reply_to(r, {"id": "req_a", "deadline": deadline, "body": {}})
     assert missing_kind["status"] == 500 and missing_kind["error"]["type"] == "server_error"
 
@@ -130,30 +132,30 @@ def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, m
             time.sleep(1.5)  # past the pop the lane was blocked in while it was idle
             ids = [f"req_q{i}" for i in range(3)]
             for rid in ids:
-                client.lpush(realtime.queue_for(MODEL), orjson.dumps(
+                client.lpush(redis_keys.realtime_queue(MODEL), orjson.dumps(
                     {"id": rid, "kind": EMBEDDINGS, "deadline": time.time() + 30,
                      "body": {"model": MODEL, "input": f"waiting {rid}"}}))
             time.sleep(0.5)
-            assert client.llen(realtime.queue_for(MODEL)) == 3  # none taken
+            assert client.llen(redis_keys.realtime_queue(MODEL)) == 3  # none taken
             batches = minilm_engine.stats.batches
         busy[0].result(timeout=20)
         for rid in ids:
-            got = client.blpop([realtime.reply_key(rid)], timeout=20)
+            got = client.blpop([redis_keys.reply(rid)], timeout=20)
             assert got is not None and len(orjson.loads(got[1])["body"]["data"]) == 1
-        assert client.llen(realtime.queue_for(MODEL)) == 0
+        assert client.llen(redis_keys.realtime_queue(MODEL)) == 0
         assert minilm_engine.stats.batches == batches + 2  # the held row, then the three
         # Work of the batch lane does not keep realtime requests waiting: they overtake it.
         with minilm_engine.gathering():
             shard_rows = minilm_engine.submit([[101, 7592, 102]] * 4, BATCH)
             time.sleep(1.5)
-            client.lpush(realtime.queue_for(MODEL), orjson.dumps(
+            client.lpush(redis_keys.realtime_queue(MODEL), orjson.dumps(
                 {"id": "req_over", "kind": EMBEDDINGS, "deadline": time.time() + 30,
                  "body": {"model": MODEL, "input": "overtakes"}}))
             deadline = time.monotonic() + 10
-            while client.llen(realtime.queue_for(MODEL)):
+            while client.llen(redis_keys.realtime_queue(MODEL)):
                 assert time.monotonic() < deadline, "a batch row kept the request waiting"
                 time.sleep(0.05)
-        got = client.blpop([realtime.reply_key("req_over")], timeout=20)
+        got = client.blpop([redis_keys.reply("req_over")], timeout=20)
         assert got is not None and "body" in orjson.loads(got[1])
         for f in shard_rows:
             f.result(timeout=20)
@@ -176,8 +178,8 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture
 def tenant(jctx: Context) -> str:
-    service.register_builtin_models(jctx)
-    return service.authenticate(jctx, service.create_tenant(jctx, "lanes")[1]).tenant_id
+    registry.register_builtin_models(jctx)
+    return auth.authenticate(jctx, auth.create_tenant(jctx, "lanes")[1]).tenant_id
 
 
 def queued(jctx: Context, tenant: str, endpoint: str, body: dict[str, Any]) -> str:
@@ -187,7 +189,7 @@ def queued(jctx: Context, tenant: str, endpoint: str, body: dict[str, Any]) -> s
     with jctx.db.session() as s:
         s.add(Job(id=job_id, tenant_id=tenant, endpoint=endpoint, body=body, status="queued",
                   created_at=now()))
-    jctx.redis.rpush(asyncjobs.QUEUE, job_id)
+    jctx.redis.rpush(redis_keys.JOBS_QUEUE, job_id)
     return job_id
 
 

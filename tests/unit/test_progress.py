@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from jobs.batches import progress
+from jobs.batches.queries import ShardSums
 from jobs.core.errors import InvalidRequest
-from jobs.core.queries import ShardSums
 from jobs.core.schema import Batch
 from jobs.core.status import ALLOWED, TERMINAL, BatchStatus
 

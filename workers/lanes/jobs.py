@@ -24,6 +24,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches.outputs import dumps
+from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InferqError
 from jobs.core.schema import Job
@@ -100,7 +101,7 @@ class JobsConsumer(threading.Thread):
         start each; a job that cannot start fails alone."""
         r = self.ctx.redis  # bytes replies: the client does not decode
         # Its versions' lists, then the common one (jobs for versions nobody can hold).
-        queues = [asyncjobs.queue_for(m) for m in self.models.refs()] + [asyncjobs.QUEUE]
+        queues = [redis_keys.jobs_queue(m) for m in self.models.refs()] + [redis_keys.JOBS_QUEUE]
         got = r.blpop(queues, timeout=1)
         if got is None:
             return
@@ -124,12 +125,12 @@ class JobsConsumer(threading.Thread):
         while the pop was waiting) goes back to the head of that list, unclaimed, for
         the worker that holds it or is loading it; True when it did."""
         name = queue.decode()
-        if name == asyncjobs.QUEUE or name in {asyncjobs.queue_for(m)
+        if name == redis_keys.JOBS_QUEUE or name in {redis_keys.jobs_queue(m)
                                                for m in self.models.refs()}:
             return False
         self.ctx.redis.lpush(name, job_id)  # BLPOP takes from the left: next in line
         log.info("jobs lane: job %s handed back (%s is no longer held here)",
-                 job_id.decode(), name[len(asyncjobs.queue_for("")):])
+                 job_id.decode(), name[len(redis_keys.jobs_queue("")):])
         return True
 
     def start_job(self, job: Job) -> None:

@@ -36,7 +36,7 @@ import redis
 from opentelemetry.trace import Span, SpanKind
 
 from jobs.batches.outputs import dumps
-from jobs.core import logs, tracing
+from jobs.core import logs, redis_keys, tracing
 from jobs.core.context import Context
 from jobs.core.errors import InferqError, ModelNotLoaded
 from jobs.core.status import StreamEvent
@@ -364,9 +364,9 @@ class RealtimeConsumer(threading.Thread):
     def queues(self) -> list[str]:
         """Its versions' queues, then its names' (requests sent with no version, by an
         API that routes by name only: served by the version of that name it holds)."""
-        return ([realtime.queue_for(m) for m in self.models.refs()]
-                + [realtime.queue_for(m) for m in self.models.names()]
-                + ([realtime.ANY] if self.on_demand else []))
+        return ([redis_keys.realtime_queue(m) for m in self.models.refs()]
+                + [redis_keys.realtime_queue(m) for m in self.models.names()]
+                + ([redis_keys.REALTIME_ANY] if self.on_demand else []))
 
     def free_queues(self) -> tuple[list[str], bool]:
         """The queues it takes from now, and whether it left some out: those of
@@ -380,9 +380,9 @@ class RealtimeConsumer(threading.Thread):
             return self.queues, False
         held = self.models.residents()
         names = {r.model.name for r in held} - {r.model.name for r in held if r.ref in busy}
-        return ([realtime.queue_for(r.ref) for r in held if r.ref not in busy]
-                + [realtime.queue_for(n) for n in sorted(names)]
-                + ([realtime.ANY] if self.on_demand else [])), True
+        return ([redis_keys.realtime_queue(r.ref) for r in held if r.ref not in busy]
+                + [redis_keys.realtime_queue(n) for n in sorted(names)]
+                + ([redis_keys.REALTIME_ANY] if self.on_demand else [])), True
 
     def start(self) -> None:
         self.publisher.start()
@@ -422,7 +422,7 @@ class RealtimeConsumer(threading.Thread):
             if got is None or self.back(got[0], got[1]):
                 continue
             name = got[0].decode() if isinstance(got[0], bytes) else got[0]
-            engines = self.models.embedding_queue_refs(name[len(realtime.queue_for("")):])
+            engines = self.models.embedding_queue_refs(name[len(redis_keys.realtime_queue("")):])
             more = self.fill(name) if engines else []
             if not more:
                 self.take(got[1])
@@ -445,7 +445,7 @@ class RealtimeConsumer(threading.Thread):
         on the embeddings queue the first came from (none wait there while another
         worker is free: a free worker blocked on the queue takes a request as it
         arrives). Nothing if Redis fails: the first is served alone."""
-        if self.max_pending <= 1 or queue == realtime.ANY:
+        if self.max_pending <= 1 or queue == redis_keys.REALTIME_ANY:
             return []
         n = self.max_pending - 1
         try:
@@ -466,11 +466,11 @@ class RealtimeConsumer(threading.Thread):
         (unloaded while the pop was waiting) goes back to the head of that queue, for
         the worker that holds it or is loading it; True when it did."""
         name = queue.decode() if isinstance(queue, bytes) else queue
-        if name == realtime.ANY or name in self.queues:
+        if name == redis_keys.REALTIME_ANY or name in self.queues:
             return False
         self.r.rpush(name, raw)  # BRPOP takes from the right: next in line again
         log.info("realtime lane: a request for %s handed back (no longer held here)",
-                 name[len(realtime.queue_for("")):])
+                 name[len(redis_keys.realtime_queue("")):])
         return True
 
     def take(self, raw: bytes | str) -> None:
@@ -498,7 +498,7 @@ class RealtimeConsumer(threading.Thread):
         name, _ = registry.split_ref(model_ref)
         err = ModelNotLoaded(name)
         err.message = f"{err.message} ({name} could not be loaded: {type(e).__name__})"
-        while (raw := self.r.rpop(realtime.queue_for(model_ref))) is not None:
+        while (raw := self.r.rpop(redis_keys.realtime_queue(model_ref))) is not None:
             try:
                 self.answer_error(orjson.loads(cast(bytes, raw)), err)
             except Exception:  # noqa: BLE001 - nobody to answer: the caller times out
@@ -596,7 +596,7 @@ class RealtimeConsumer(threading.Thread):
         when_all_done(futures, done)
 
     def reply(self, rid: str, payload: dict[str, Any]) -> None:
-        key = realtime.reply_key(rid)
+        key = redis_keys.reply(rid)
         with self.r.pipeline() as p:
             p.lpush(key, orjson.dumps(payload))
             p.expire(key, realtime.REPLY_TTL_S)

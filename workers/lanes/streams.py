@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis
 
+from jobs.core import redis_keys
 from jobs.core.status import StreamEvent
-from jobs.realtime import client as realtime
 from workers.engines.responses import failure
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
@@ -71,7 +71,7 @@ class CancelListener(threading.Thread):
         while not self.stopping.is_set():
             try:
                 with self.r.pubsub(ignore_subscribe_messages=True) as ps:
-                    ps.subscribe(realtime.CANCEL_CHANNEL)
+                    ps.subscribe(redis_keys.CANCEL_CHANNEL)
                     while not self.stopping.is_set():
                         msg = ps.get_message(timeout=0.5)
                         if msg is not None:
@@ -92,7 +92,7 @@ class PubSink:
 
     def __init__(self, publisher: Publisher, rid: str, cancels: CancelListener) -> None:
         self.publisher, self.rid, self.cancels = publisher, rid, cancels
-        self.channel = realtime.stream_channel(rid)
+        self.channel = redis_keys.stream(rid)
         self.n = 0
 
     def _send(self, ev: dict[str, Any]) -> None:

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis
 
+from jobs.batches import fairshare
 from jobs.core.context import Context
 from jobs.core.errors import ModelNotLoaded
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry
+from workers.process import metrics
 
 if TYPE_CHECKING:  # torch-bound
     from workers.engines.embeddings import EmbeddingEngine
@@ -227,8 +229,6 @@ class Residency:
                 with self._lock:
                     self._loading.discard(model_ref)
             self.hold(res, reason)
-        from workers.process import metrics
-
         metrics.MODEL_LOADS.labels(res.ref, reason).inc()
         metrics.MODEL_LOAD_SECONDS.labels(res.ref).observe(time.perf_counter() - t0)
         placement.record_load(self.ctx.redis, self.worker, res.ref, reason,
@@ -251,8 +251,6 @@ class Residency:
             if res is None:
                 return False
             self.unloads[reason] = self.unloads.get(reason, 0) + 1
-        from workers.process import metrics
-
         metrics.MODEL_UNLOADS.labels(model_ref, reason).inc()
         self._changed()  # no new work for it from here on
         if not res.drain():
@@ -343,6 +341,7 @@ class Commands(threading.Thread):
     def failed(self, ref: str, e: Exception) -> None:
         try:
             placement.load_failed(self.ctx, ref, f"{type(e).__name__}: {e}")
+            fairshare.load_failed(self.ctx, ref)
             if self.on_failed is not None:
                 self.on_failed(ref, e)
         except Exception:  # noqa: BLE001 - what waits for it times out instead

@@ -9,12 +9,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from jobs.core.settings import MISSED_BEATS
-from jobs.realtime import client as realtime
+from jobs.fleet import heartbeats
 
 log = logging.getLogger("inferq.heartbeat")
 
@@ -48,9 +48,8 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                info = self.describe()
-                info["at"] = time.time()
-                realtime.heartbeat(self.r, self.name, info, self.every_s * MISSED_BEATS)
+                beat = cast(heartbeats.Heartbeat, {**self.describe(), "at": time.time()})
+                heartbeats.write(self.r, self.name, beat, self.every_s * MISSED_BEATS)
             except Exception as e:  # noqa: BLE001 - a heartbeat must outlive any error
                 log.warning("heartbeat: %s", e)
             self._wake.wait(self.every_s)

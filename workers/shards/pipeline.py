@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.batches import queries as repo
 from jobs.batches.outputs import Tokens
 from jobs.batches.views import read_shard
-from jobs.core import queries as repo
 from jobs.core.context import Context
 from jobs.core.dispatch import lane_for
 from jobs.core.schema import Batch, Shard
