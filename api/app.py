@@ -7,6 +7,7 @@ from opentelemetry.trace import SpanKind
 
 from api import errors, metrics
 from api.current import context
+from api.request_parsing import MAX_JSON_BODY, check_path_ids
 from api.routes import (
     admin,
     batches,
@@ -23,14 +24,13 @@ from api.routes import (
     usage,
     webhooks,
 )
-from api.schemas import MAX_JSON_BODY, check_path_ids
 from api.streams import StreamSlots
 from jobs.batches import progress
 from jobs.core import logs, tracing
 from jobs.core.context import Context
 from jobs.core.schema import new_id
 from jobs.core.settings import Settings
-from jobs.slo import admission
+from jobs.slo import scaling
 from jobs.slo.dashboard import viewer as dashboard_viewer
 from jobs.tenants import auth
 
@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> Flask:
                                                         settings.events_poll_s)
     errors.register(app)
     metrics.register(app, app.extensions["inferq"].redis)  # first: it times the whole request
-    app.extensions["inferq_metrics"].register(admission.collector(app.extensions["inferq"]))
+    app.extensions["inferq_metrics"].register(scaling.collector(app.extensions["inferq"]))
 
     v1 = (files, uploads, batches, inference, jobs, models, webhooks)
     authenticated = {mod.bp.name for mod in v1}
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         a file's upload by max_upload_bytes, an upload's part by max_upload_part_bytes
         (plus its form's framing), any other request by MAX_JSON_BODY (413). The stream
         stops one byte past the limit, so that a body over it can be told from one of
-        exactly its length (api.schemas.json_body)."""
+        exactly its length (api.request_parsing.json_body)."""
         if request.endpoint in files.UPLOADS:
             limit = settings.max_upload_bytes
         elif request.endpoint in uploads.PARTS:

@@ -39,7 +39,7 @@ from werkzeug.exceptions import BadRequest, RequestTimeout
 from jobs.core.settings import Settings
 
 # Request line and header limits: gunicorn enforces them while parsing, this module
-# answers them (cli.stack.api_command passes them on).
+# answers them (cli.command_lines.api_command passes them on).
 MAX_REQUEST_LINE = 8190
 MAX_HEADER_FIELD = 8190
 MAX_HEADERS = 100

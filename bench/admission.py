@@ -131,7 +131,8 @@ def main() -> None:
 
     import redis
 
-    from cli.stack import Stack, api_command
+    from cli.command_lines import api_command
+    from cli.stack import Stack
     from jobs.core.settings import Settings
     from jobs.fleet.heartbeats import live_workers
 

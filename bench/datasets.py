@@ -191,7 +191,7 @@ def main() -> None:
     from api.app import create_app
     from jobs.batches import locations
     from jobs.core.settings import Settings
-    from jobs.fleet import registry
+    from jobs.fleet import builtin_models, registry
     from jobs.tenants import auth
     from storage.db import migrate
     from storage.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -222,7 +222,7 @@ def main() -> None:
             migrate(st.database_url)
             app = create_app(st)
             ctx = app.extensions["inferq"]
-            registry.register_builtin_models(ctx)
+            builtin_models.register_builtin_models(ctx)
             # A registry row for the chat model the batch names (validation reads no
             # weights; no worker runs these batches).
             registry.register(ctx, "SmolLM2-135M-Instruct", "1", "chat", "bench",

@@ -118,8 +118,8 @@ def useful(row: list[int], limit: int, eos: set[int]) -> int:
 
 def run_engine(engine: Any, rows: list[Row]) -> tuple[float, int]:
     from jobs.protocol.structured import Constraint
-    from workers.engines.generation import Collect
     from workers.engines.request import GenRequest
+    from workers.engines.sinks import Collect
 
     if getattr(engine, "cache", None) is not None:
         engine.cache.clear()
@@ -217,7 +217,7 @@ def run_hf_continuous(model: Any, rows: list[Row]) -> tuple[float, int]:
 def engine_before(model: Any) -> Any:
     """The engine with its cache handling as it was: finished rows are removed (the
     batch's cache copied) at once, and joining rows are appended (copied again)."""
-    from workers.engines.generation import GenerationEngine
+    from workers.engines.generation.engine import GenerationEngine
     from workers.models.chat import KV
 
     class EngineBefore(GenerationEngine):
@@ -256,7 +256,7 @@ class Bare:
     configured: fp32, eager, prefix caching, the same key/value cache, ``rows`` at once."""
 
     def __init__(self, path: Any, kv_bytes: int, rows: int) -> None:
-        from workers.engines.vllm import environment
+        from workers.engines.vllm_setup import environment
 
         environment(torch.get_num_threads())
         from vllm import LLM
@@ -309,7 +309,7 @@ def main() -> None:
             RATIOS[w] = [(a, b) for a, b in RATIOS[w] if a in only and b in only]
 
     from jobs.core.settings import Settings
-    from workers.engines.generation import GenerationEngine
+    from workers.engines.generation.engine import GenerationEngine
     from workers.engines.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.engines.vllm import VllmEngine
     from workers.models.chat import ChatModel, ChatTokens

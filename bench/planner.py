@@ -57,9 +57,9 @@ def text_pool(n: int, mean_words: float, seed: int, max_words: int = 200) -> lis
 def measured(r: Any) -> tuple[float, float]:
     """μ and the service times' Cs² over the live workers (weighted by requests measured)."""
     from jobs.fleet.heartbeats import live_workers
-    from jobs.slo import admission
+    from jobs.slo import service_rates
 
-    view = admission.servers_of(live_workers(r, "realtime", MODEL), MODEL)
+    view = service_rates.servers_of(live_workers(r, "realtime", MODEL), MODEL)
     return (view.mu or float("nan")), view.scv
 
 
@@ -69,7 +69,7 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
     from cli.stack import Stack
     from jobs.core.settings import Settings
     from jobs.fleet.heartbeats import live_workers
-    from jobs.slo import admission
+    from jobs.slo import admission, queueing
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,8 +112,8 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
                 assert len(waits) == len(ok), "answers without inferq-queue-ms"
                 time.sleep(2.5)
                 mu, scv = measured(r)
-                predicted = admission.wait_percentile(0.99, c, lam, mu, scv)
-                mmc = admission.wait_percentile(0.99, c, lam, mu)
+                predicted = queueing.wait_percentile(0.99, c, lam, mu, scv)
+                mmc = queueing.wait_percentile(0.99, c, lam, mu)
                 p99 = pct(waits, 0.99)
                 out.append({"workers": c, "accelerator": args.accelerator,
                             "rho_offered": rho, "lambda": lam, "mu_sat": mu_sat,
@@ -123,7 +123,7 @@ def one_config(c: int, args: argparse.Namespace, pool: list[str]) -> list[dict[s
                             "client_p50_s": pct(client, 0.5),
                             "predicted_p99_s": predicted, "mmc_p99_s": mmc,
                             "measured_p99_s": p99, "measured_p50_s": pct(waits, 0.5),
-                            "predicted_p50_s": admission.wait_percentile(0.5, c, lam, mu, scv),
+                            "predicted_p50_s": queueing.wait_percentile(0.5, c, lam, mu, scv),
                             "error": predicted / p99 - 1 if p99 > 0 else None,
                             "mmc_error": mmc / p99 - 1 if p99 > 0 else None,
                             "base_latency_median_s": statistics.median(base.values())})

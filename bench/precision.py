@@ -82,8 +82,9 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
 
 
 def chat(args: argparse.Namespace) -> list[list[Any]]:
-    from workers.engines.generation import Collect, GenerationEngine
+    from workers.engines.generation.engine import GenerationEngine
     from workers.engines.request import GenRequest
+    from workers.engines.sinks import Collect
     from workers.models.chat import ChatModel
 
     name = "SmolLM2-135M-Instruct"

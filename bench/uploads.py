@@ -2,7 +2,7 @@
 
 api: ``client.uploads.upload_file_chunked`` of the official SDK (its defaults: 64 MB
 parts sent one after another, no md5), against the API served by gunicorn (the
-stack's command, ``cli.stack.api_command``: one process of the gevent edge worker),
+stack's command, ``cli.command_lines.api_command``: one process of the gevent edge worker),
 which streams each part into the object store as an object of its own and, at
 completion, ends them into the File's object (S3: parts of 5 MiB and more go straight
 into the upload's own multipart upload, numbered as they come). The
@@ -171,7 +171,7 @@ def main() -> None:
     from botocore.exceptions import EndpointConnectionError
     from openai import OpenAI
 
-    from cli.stack import api_command
+    from cli.command_lines import api_command
     from jobs.core.context import Context
     from jobs.core.settings import Settings
     from jobs.tenants import auth

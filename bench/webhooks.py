@@ -104,7 +104,7 @@ def deliveries_of(ctx: Any, event_ids: list[str]) -> dict[str, float]:
     """delivery id -> its event's created_at."""
     from sqlalchemy import select
 
-    from jobs.core.schema import WebhookDelivery, WebhookEvent
+    from jobs.core.webhook_tables import WebhookDelivery, WebhookEvent
 
     with ctx.db.session() as s:
         return dict(s.execute(select(WebhookDelivery.id, WebhookEvent.created_at).join(
@@ -133,15 +133,15 @@ def one_round(ctx: Any, rx: Receiver, tenant_id: str, args: argparse.Namespace,
            "burst_p50_ms": 1000 * statistics.median(lat),
            "burst_p99_ms": 1000 * pct(lat, 0.99), "burst_deliveries_per_s": rate}
     if slow is not None:  # the same burst while another project's receiver hangs
-        from jobs.webhooks import events as webhooks
+        from jobs.webhooks import endpoints
 
-        hook = webhooks.create_endpoint(ctx, slow_tenant, webhooks.EndpointCreate(
+        hook = endpoints.create_endpoint(ctx, slow_tenant, endpoints.EndpointCreate(
             name="hangs", url=slow.url, event_types=["batch.completed"]))
         emit(ctx, slow_tenant, args.slow_backlog)
         while len(slow.got) < ctx.settings.webhook_concurrency_per_target:
             time.sleep(0.01)  # its sends have taken their slots
         rate, lat = burst(ctx, rx, tenant_id, args.burst)
-        webhooks.delete_endpoint(ctx, slow_tenant, hook.id)  # and its backlog with it
+        endpoints.delete_endpoint(ctx, slow_tenant, hook.id)  # and its backlog with it
         slow.got.clear()
         out.update({"hung_p50_ms": 1000 * statistics.median(lat),
                     "hung_p99_ms": 1000 * pct(lat, 0.99), "hung_deliveries_per_s": rate,
@@ -169,7 +169,7 @@ def main() -> None:
     from jobs.core.context import Context
     from jobs.core.settings import Settings
     from jobs.tenants import auth
-    from jobs.webhooks import events as webhooks
+    from jobs.webhooks import endpoints
 
     rx, slow = Receiver(), Receiver(hang_s=2 * args.read_timeout)
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +182,7 @@ def main() -> None:
             ctx = Context(stack.settings)
             tenant_id, _ = auth.create_tenant(ctx, "bench-webhooks")
             slow_tenant, _ = auth.create_tenant(ctx, "bench-webhooks-hangs")
-            endpoint = webhooks.create_endpoint(ctx, tenant_id, webhooks.EndpointCreate(
+            endpoint = endpoints.create_endpoint(ctx, tenant_id, endpoints.EndpointCreate(
                 name="bench", url=rx.url, event_types=["batch.completed"]))
             one_round(ctx, rx, tenant_id, argparse.Namespace(trickle=20, gap=0.02, burst=100))
             results = []

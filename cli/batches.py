@@ -1,33 +1,22 @@
-"""``inferq submit``, ``status`` and ``results``: batches through the API, as a client."""
+"""``inferq submit`` and ``status``: batches through the API, as a client; and what the
+commands about batches share (the API options, a batch's summary and its errors)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import secrets
-import sys
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
 
 from cli.client import connect
 from cli.datasets import create_batch, dataset_body, is_dataset_uri
+from cli.event_stream import follow_events
 from jobs.core.settings import Settings
-from jobs.core.status import TERMINAL, BatchStatus
+from jobs.core.status import BatchStatus
 
-JSONL_SUFFIXES = {".jsonl", ".json", ".ndjson"}
-PARQUET_SUFFIXES = {".parquet", ".pq"}
 HEAD_BYTES = 64  # enough of a file's start to tell its format
 FILE_KEY_SUFFIX = ":file"  # the upload's Idempotency-Key is the batch's plus this
-# Following a batch's event stream: a read that waits longer than this for a byte (the
-# API sends a keep-alive every INFERQ_EVENTS_KEEPALIVE_S, 15 s by default) is a dropped
-# connection; a dropped one is resumed up to RECONNECTS times in a row.
-STREAM_READ_TIMEOUT_S = 60.0
-RECONNECTS = 8
 
 
 def with_client(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -37,7 +26,7 @@ def with_client(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="…/v1 base URL (default: the `inferq up` of the data dir)")(f)
 
 
-def _client(api_url: str | None, api_key: str | None) -> Any:
+def api_client(api_url: str | None, api_key: str | None) -> Any:
     return connect(Settings.from_env(), api_url, api_key)
 
 
@@ -162,7 +151,7 @@ def submit(path: str, endpoint: str, model: str | None, metadata: tuple[str, ...
         raise click.UsageError("--expires-after: a dataset in place is not uploaded")
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
-    client = _client(api_url, api_key)
+    client = api_client(api_url, api_key)
     if dataset:
         fields = dataset_body(path, endpoint, model, fmt, id_column, input_column, template,
                               system, output)
@@ -223,7 +212,7 @@ def wait_for(client: Any, batch_id: str) -> None:
 def status(batch_id: str, as_json: bool, watch: bool, api_url: str | None,
            api_key: str | None) -> None:
     """Show a batch: status, counts, errors (each distinct error once, with a count)."""
-    client = _client(api_url, api_key)
+    client = api_client(api_url, api_key)
     b = (follow_events(client, batch_id, to_stderr=as_json) if watch
          else client.batches.retrieve(batch_id))
     if as_json:
@@ -239,283 +228,3 @@ def status(batch_id: str, as_json: bool, watch: bool, api_url: str | None,
             click.echo(f"  {name + ':':<13} {file_id}")
     for line in grouped_errors(b):
         click.echo(f"  error:        {line}")
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One Server-Sent Event: its id (the last one seen, as the SSE format carries it
-    forward), its name and its data."""
-
-    id: str | None
-    event: str
-    data: str
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[StreamEvent]:
-    """Events from the lines of a text/event-stream (comments and ``retry:`` skipped)."""
-    last_id: str | None = None
-    event, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data:
-                yield StreamEvent(last_id, event, "\n".join(data))
-            event, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "id":
-            last_id = value
-        elif name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-
-
-class _Dropped(Exception):
-    """The event stream broke off, or could not be opened again."""
-
-
-class _Ended(Exception):
-    """The batch has ended and the stream's client has seen it end (204)."""
-
-
-def _open_events(client: Any, batch_id: str, last_id: str | None) -> Any:
-    """The event stream's response, its body not read yet (None: the batch has ended and
-    the client saw it end). An error status is the SDK's error, as any other call's."""
-    import httpx2
-
-    headers = {"Accept": "text/event-stream"}
-    if last_id:
-        headers["Last-Event-ID"] = last_id
-    resp = client.get(f"/batches/{batch_id}/events", cast_to=httpx2.Response, stream=True,
-                      options={"headers": headers, "timeout": httpx2.Timeout(
-                          STREAM_READ_TIMEOUT_S, connect=10.0)})
-    if resp.status_code == 204:
-        resp.close()
-        return None
-    return resp
-
-
-def _stream(client: Any, batch_id: str, last_id: str | None,
-            reconnecting: bool) -> Iterator[StreamEvent]:
-    """The events after ``last_id``; _Dropped when the connection broke (or, while
-    ``reconnecting``, could not be made), so the caller resumes from its last id."""
-    import httpx2
-    import openai
-
-    try:
-        resp = _open_events(client, batch_id, last_id)
-    except (openai.APIConnectionError, openai.InternalServerError) as e:
-        if not reconnecting:
-            raise  # the API is not there at all: the usual one-line error
-        raise _Dropped(str(e)) from None
-    if resp is None:
-        raise _Ended
-    try:
-        yield from parse_sse(resp.iter_lines())
-    except httpx2.TransportError as e:
-        raise _Dropped(str(e) or type(e).__name__) from None
-    finally:
-        resp.close()
-
-
-def follow_events(client: Any, batch_id: str, to_stderr: bool = False) -> Any:
-    """Follow a batch's event stream with a progress bar (counts, rate, time left) until
-    its terminal status; the batch as it ended. Each status change is printed as it
-    comes (on stdout, or stderr when stdout is for the batch's JSON); a connection that
-    drops (or a stream the API ends after its time limit) is resumed with
-    Last-Event-ID, so no change is missed."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    last_id: str | None = None
-    drops = 0
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                   TimeRemainingColumn(), console=Console(stderr=to_stderr))
-    task = bar.add_task(batch_id, total=None, rate="")
-    try:
-        while True:
-            events = 0
-            try:
-                for ev in _stream(client, batch_id, last_id, reconnecting=drops > 0):
-                    if last_id is None:
-                        bar.start()  # shown from the first event: an error is one line alone
-                    events, last_id = events + 1, ev.id or last_id
-                    try:
-                        data = json.loads(ev.data)
-                        rc = data["request_counts"]
-                        done, line = rc["completed"] + rc["failed"], status_line(data)
-                    except (ValueError, KeyError, TypeError):
-                        raise click.ClickException(
-                            f"unexpected event in the stream of {batch_id}: "
-                            f"{ev.data[:120]!r}") from None
-                    speed = bar.tasks[0].speed
-                    bar.update(task, total=rc["total"] or None, completed=done,
-                               description=f"{batch_id} {data['status']}",
-                               rate=f"{speed:,.1f} req/s" if speed else "")
-                    if ev.event == "status":
-                        bar.console.print(line, soft_wrap=True, markup=False, highlight=False)
-                        if data["status"] in TERMINAL:
-                            return client.batches.retrieve(batch_id)
-                # The API ended the stream (its time limit): resume from last_id.
-                drops = 0
-                if not events:
-                    time.sleep(0.5)
-                continue
-            except _Ended:
-                return client.batches.retrieve(batch_id)
-            except _Dropped as e:  # resumed from last_id; only drops in a row count
-                drops, error = (drops + 1 if not events else 1), str(e)
-            if drops > RECONNECTS:
-                raise click.ClickException(
-                    f"lost the event stream of {batch_id} ({error}) and could not resume "
-                    f"it; `inferq status {batch_id} --watch` picks it up again")
-            time.sleep(min(0.5 * 2 ** (drops - 1), 5.0))
-    finally:
-        bar.stop()
-
-
-def status_line(data: dict[str, Any]) -> str:
-    """A status change as ``follow_events`` prints it."""
-    rc = data["request_counts"]
-    at = time.strftime("%H:%M:%S", time.localtime(data["created_at"]))
-    return (f"{data['batch_id']}: {data['status']} at {at} "
-            f"({rc['completed'] + rc['failed']} of {rc['total']} requests done)")
-
-
-@click.command()
-@click.argument("batch_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="where to write the output. Its extension follows the content: JSONL for "
-                   "a JSONL input, Parquet for a Parquet input (out.jsonl becomes out.parquet "
-                   "when the output is Parquet, and the other way round; a name without an "
-                   "extension gets one)")
-@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="also write the error file here (same extension rule)")
-@click.option("--merged", is_flag=True,
-              help="write each request once with its latest result: the batch's own, or "
-                   "that of a rerun of it (`inferq retry`) that ended later; errors included")
-@with_client
-def results(batch_id: str, output: Path, errors: Path | None, merged: bool,
-            api_url: str | None, api_key: str | None) -> None:
-    """Download a batch's output (and error) file."""
-    if merged and errors is not None:
-        raise click.UsageError("--merged writes one file, errors included: leave out --errors")
-    client = _client(api_url, api_key)
-    b = client.batches.retrieve(batch_id)
-    if b.status not in TERMINAL:
-        rc = b.request_counts
-        done = f"{rc.completed + rc.failed} of {rc.total} requests done" if rc else b.status
-        raise click.ClickException(f"batch {batch_id} is still {b.status} ({done}): its "
-                                   "results are written when it ends; try again then")
-    if merged:
-        for path in download_all(client, [(Merged(batch_id), output)]):
-            click.echo(f"wrote {path}")
-        return
-    failed = b.status == BatchStatus.FAILED
-    if b.output_file_id is None and b.error_file_id is None:
-        raise click.ClickException(failure(b) if failed else
-                                   f"batch {batch_id} ended {b.status} with no results")
-    wanted = [(b.output_file_id, output)] if b.output_file_id else []
-    if errors is not None and b.error_file_id:
-        wanted.append((b.error_file_id, errors))
-    for path in download_all(client, wanted):
-        click.echo(f"wrote {path}")
-    if not b.output_file_id:
-        click.echo("no output file: no request succeeded", err=True)
-    if errors is not None and not b.error_file_id:
-        click.echo("no error file: no request failed", err=True)
-    if failed:
-        click.echo(failure(b), err=True)
-        sys.exit(1)
-
-
-@dataclass(frozen=True)
-class Merged:
-    """A batch's merged results (``GET /v1/batches/{id}/merged_output``), as a download."""
-
-    batch_id: str
-
-
-def download_all(client: Any, files: list[tuple[str | Merged, Path]]) -> list[Path]:
-    """Download (file id or merged results, destination) pairs, all or nothing; the
-    paths written.
-
-    Each file goes to a temporary file beside its destination, all opened before the
-    first byte is fetched (a destination that cannot be written fails at once), and
-    takes its final name (:func:`fitting_name`) only when every download succeeded.
-    A failure leaves no file behind, and its error names the destination given."""
-    parts: list[tuple[IO[bytes], Path]] = []
-    try:
-        for _, dest in files:
-            with _about(dest):
-                tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
-                parts.append((tmp.open("xb"), tmp))
-        finals = []
-        for (file_id, dest), (fh, _) in zip(files, parts, strict=True):
-            with _about(dest), fh:
-                finals.append(fitting_name(dest, parquet=_fetch(client, file_id, fh)))
-        for (_, tmp), final in zip(parts, finals, strict=True):
-            with _about(final):
-                tmp.replace(final)
-        return finals
-    finally:
-        for fh, tmp in parts:
-            fh.close()
-            tmp.unlink(missing_ok=True)
-
-
-def _fetch(client: Any, file_id: str | Merged, fh: IO[bytes]) -> bool:
-    """Stream a file's content (or a batch's merged results) into ``fh``; whether it is
-    Parquet."""
-    import httpx2
-
-    from storage.parquet import is_parquet
-
-    head = b""
-    with (contextlib.closing(client.get(f"/batches/{file_id.batch_id}/merged_output",
-                                        cast_to=httpx2.Response, stream=True))
-          if isinstance(file_id, Merged)
-          else client.files.with_streaming_response.content(file_id)) as resp:
-        chunks = resp.iter_bytes()
-        while True:
-            try:
-                chunk = next(chunks, None)
-            except Exception as e:  # the HTTP client's transport errors: the stream broke
-                what = (f"the merged results of {file_id.batch_id}"
-                        if isinstance(file_id, Merged) else file_id)
-                raise click.ClickException(f"the download of {what} broke off ({e}); "
-                                           "nothing was written: try again") from None
-            if chunk is None:
-                break
-            if len(head) < HEAD_BYTES:
-                head += chunk[:HEAD_BYTES - len(head)]
-            fh.write(chunk)
-    return is_parquet(head)
-
-
-@contextlib.contextmanager
-def _about(dest: Path) -> Iterator[None]:
-    """A file-system error names the destination the user gave, not a temporary file."""
-    try:
-        yield
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), str(dest)) from None
-
-
-def fitting_name(dest: Path, parquet: bool) -> Path:
-    want, other = (".parquet", JSONL_SUFFIXES) if parquet else (".jsonl", PARQUET_SUFFIXES)
-    suffix = dest.suffix.lower()
-    if suffix in other or not suffix:
-        return dest.with_name(dest.stem + want if suffix else dest.name + want)
-    return dest

@@ -1,6 +1,6 @@
 """``inferq capacity``: how many workers a lane needs. The realtime lane: for an
 arrival rate and a wait objective, by the queueing model the scaling signal uses
-(``jobs.slo.admission``: M/G/c, Erlang C with Allen–Cunneen's correction for the spread of
+(``jobs.slo.queueing``: M/G/c, Erlang C with Allen–Cunneen's correction for the spread of
 service times). The batch lanes: for a backlog of rows and its deadline, at the rows
 per second a worker computes (``jobs.slo.backlog``, the batch lanes' scaling signal).
 
@@ -16,14 +16,14 @@ import click
 
 from cli import state
 from jobs.core.settings import Settings
-from jobs.slo import admission
+from jobs.slo import admission, queueing, service_rates
 
 
 def _fmt(s: float) -> str:
     return "∞" if math.isinf(s) else f"{s:.3f} s"
 
 
-def _measured(model: str) -> admission.Servers:
+def _measured(model: str) -> service_rates.Servers:
     """The model's servers on the realtime lane of this data dir's stack."""
     import redis
 
@@ -42,7 +42,7 @@ def _measured(model: str) -> admission.Servers:
                                    f"({st.redis_url}): {e}") from None
     finally:
         r.close()
-    view = admission.servers_of(beats, model)
+    view = service_rates.servers_of(beats, model)
     if not beats:
         raise click.ClickException(f"no live worker serves {model} on the realtime lane: "
                                    "start one, or give --service-time")
@@ -168,9 +168,9 @@ def capacity(lane: str, rate: float | None, slo: float | None, rows: int | None,
     scv = scv if service_scv is None else service_scv
 
     def wait(q: float, servers: int) -> str:
-        return _fmt(admission.wait_percentile(q, servers, rate, mu, scv))
+        return _fmt(queueing.wait_percentile(q, servers, rate, mu, scv))
 
-    servers = admission.servers_needed(rate, mu, slo, p, scv=scv)
+    servers = queueing.servers_needed(rate, mu, slo, p, scv=scv)
     workers = max(1, math.ceil(servers / per))
     c = max(1, round(workers * per))
     click.echo(f"{lane} lane, {model}: {rate:g} requests/s, service time "
@@ -184,7 +184,7 @@ def capacity(lane: str, rate: float | None, slo: float | None, rows: int | None,
     for w in range(first, workers + 2):
         cw = max(1, round(w * per))
         util = rate / (cw * mu)
-        pw = admission.erlang_c(cw, rate / mu)
+        pw = queueing.erlang_c(cw, rate / mu)
         mark = " <- needed" if w == workers else ""
         click.echo(f"  {w:>7} {util:>11.3f} {pw:>8.3f} {wait(0.5, cw):>10} "
                    f"{wait(0.99, cw):>10}" + (f" {wait(p, cw):>10}" if extra else "") + mark)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
-import multiprocessing.context
 import multiprocessing.forkserver
-import multiprocessing.process
 import os
 import secrets
 import signal
@@ -21,16 +18,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
+from cli.command_lines import api_command, worker_command
+from cli.forked_child import ForkedChild, fork_server
 from cli.lifeline import Lifeline
+from cli.stop_signals import StopSignals
 from cli.supervisor import Child
-from jobs.core.dispatch import lane_queues
 from jobs.core.settings import Settings
 from jobs.tenants import auth
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -56,81 +53,9 @@ def _key_file(path: Path, prefix: str) -> str:
     return path.read_text().strip()
 
 
-def worker_command(lanes: str, name: str, loglevel: str = "INFO") -> list[str]:
-    queues = lane_queues({x.strip() for x in lanes.split(",")})
-    return [sys.executable, "-m", "celery", "-A", "workers.celery.app", "worker",
-            "-Q", ",".join(queues), "-c", "1", "-P", "prefork", "-n", f"{name}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", loglevel]
-
-
-def api_command(host: str, port: int, max_connections: int = 16_000,
-                keepalive_s: int = 75) -> list[str]:
-    """gunicorn serving the API: one process of api.server's gevent edge worker, which
-    holds every connection as a greenlet. Its keep-alive outlasts the client's idle
-    connections (gunicorn's default of 2 s is shorter than httpx's 5 s: a request sent
-    on a connection the server is closing fails with "Server disconnected"). gunicorn
-    parses with the edge's limits; the worker answers them in the OpenAI error shape."""
-    from api.server import MAX_HEADER_FIELD, MAX_HEADERS, MAX_REQUEST_LINE
-
-    return [sys.executable, "-m", "gunicorn", "-b", f"{host}:{port}",
-            "-k", "api.server.EdgeWorker", "-w", "1",
-            # the edge refuses past max_connections itself; the pool must not stop first
-            "--worker-connections", str(max_connections + 64),
-            "--backlog", "4096", "--graceful-timeout", "10", "--keep-alive", str(keepalive_s),
-            "--limit-request-line", str(MAX_REQUEST_LINE),
-            "--limit-request-field_size", str(MAX_HEADER_FIELD),
-            "--limit-request-fields", str(MAX_HEADERS),
-            "--access-logfile", "-", "--log-level", "warning", "api.wsgi:app"]
-
-
 class StackError(RuntimeError):
     """The stack cannot start for a reason its user can fix (a port in use, a child
     that exited at start); the message says what to do."""
-
-
-class Interrupted(Exception):
-    """SIGTERM or SIGINT arrived while the stack was starting (see :class:`StopSignals`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class StopSignals:
-    """How ``inferq up`` reacts to SIGTERM and SIGINT (Ctrl-C); installed before the
-    stack starts. While ``raising``, the first signal raises :class:`Interrupted` in the
-    start in progress, which unwinds to the caller's cleanup (``Stack.stop``); inside
-    :meth:`held` (a process being started and recorded) it waits for the block's end,
-    so ``stop`` finds every process started. Once the stack is up the caller turns
-    ``raising`` off and polls ``received``. Later signals are only recorded."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.raising = True
-        self._held = 0
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signum
-            self._raise_if_due()
-
-    def _raise_if_due(self) -> None:
-        if self.received is not None and self.raising and not self._held:
-            self.raising = False
-            raise Interrupted(self.received)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self._held += 1
-        try:
-            yield
-        finally:
-            self._held -= 1
-        self._raise_if_due()
 
 
 def port_free(host: str, port: int) -> bool:
@@ -145,63 +70,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-class ForkedChild:
-    """A model worker forked from the stack's fork server (``workers.process.forked``), with
-    the part of ``subprocess.Popen``'s interface that the stack and its supervisor use.
-    Like a child started with ``start_new_session``, it leads its own process group."""
-
-    def __init__(self, proc: multiprocessing.process.BaseProcess, args: list[str]) -> None:
-        self._proc, self.args = proc, args
-        deadline = time.monotonic() + 5  # its group exists once it has called setsid
-        while proc.exitcode is None and time.monotonic() < deadline:
-            with contextlib.suppress(ProcessLookupError):
-                if os.getpgid(self.pid) == self.pid:
-                    break
-            time.sleep(0.005)
-
-    @property
-    def pid(self) -> int:
-        assert self._proc.pid is not None
-        return self._proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.exitcode
-
-    def poll(self) -> int | None:
-        code = self._proc.exitcode
-        # The fork server reports its children's exits; were it gone, every child would
-        # read as exited: a child whose process group still exists has not.
-        return None if code is not None and self._group_alive() else code
-
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._proc.join(timeout)
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(0.05)
-        return code
-
-
-def _fork_server() -> multiprocessing.context.ForkServerContext:
-    """The fork server model workers are forked from; started by the first fork, with
-    torch and the other heavy libraries imported once (``workers.process.warm``)."""
-    from workers.process import forked
-
-    ctx = multiprocessing.get_context("forkserver")
-    assert isinstance(ctx, multiprocessing.context.ForkServerContext)
-    ctx.set_forkserver_preload([forked.PRELOAD])
-    return ctx
 
 
 class Stack:
@@ -286,7 +154,7 @@ class Stack:
                     and child_env.get("INFERQ_ACCELERATOR") != "simulated"):
                 from workers.process import forked as forked_worker
 
-                child = _fork_server().Process(
+                child = fork_server().Process(
                     target=forked_worker.run_celery, name=name,
                     args=(cmd, child_env, str(self.log_path(name)), str(ROOT)))
                 child.start()
@@ -367,9 +235,9 @@ class Stack:
     def import_models(self, ctx: Context, timeout: float = 900) -> None:
         """Import the builtin models not registered yet, in a child process (importing
         needs torch; this launcher stays torch-free). Output: ``models-import.log``."""
-        from jobs.fleet import registry
+        from jobs.fleet import builtin_models
 
-        missing = registry.missing_builtins(ctx)
+        missing = builtin_models.missing_builtins(ctx)
         if missing:
             self.run_import(missing, timeout)
 

@@ -20,7 +20,7 @@ from typing import Protocol
 
 class Child(Protocol):
     """What the stack and its supervisor use of a child process: ``subprocess.Popen``,
-    or a model worker forked from the fork server (``cli.stack.ForkedChild``)."""
+    or a model worker forked from the fork server (``cli.forked_child.ForkedChild``)."""
 
     @property
     def pid(self) -> int: ...

@@ -3,6 +3,10 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+# The tables outside jobs.core.schema join Base's metadata when their modules are imported.
+import jobs.core.access_tables  # noqa: F401
+import jobs.core.upload_tables  # noqa: F401
+import jobs.core.webhook_tables  # noqa: F401
 from jobs.core.schema import Base
 
 config = context.config

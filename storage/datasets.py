@@ -11,7 +11,10 @@ Every listed object carries its ETag (a local file: its modification time and si
 and ``open_pinned`` reads exactly that version: ranged reads with ``If-Match`` on S3,
 so an object rewritten after it was listed raises ``SourceChanged`` instead of mixing
 two versions' bytes. ``destination`` gives an ObjectStore rooted at a URI prefix, for
-outputs written where the data team reads them.
+outputs written where the data team reads them. Listing a bucket that does not exist
+raises ``NoBucket``, one the service's credentials may not list ``AccessDenied``.
+Listings and pinned reads share one S3 client per process for the endpoint and
+credentials the environment names (``s3_client``).
 """
 
 from __future__ import annotations
@@ -19,16 +22,27 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from storage.objects import CHUNK, LocalStore, ObjectStore, S3Store
+from storage.objects import CHUNK, LocalStore, ObjectStore
+from storage.s3_store import S3Store
 
 SCHEMES = ("s3", "file")
 GLOB_CHARS = re.compile(r"[*?\[]")
 READAHEAD = 4 * CHUNK  # the least one ranged GET asks for (a footer read is a few bytes)
+# The environment that picks boto3's endpoint and credentials: a process makes one client
+# for each combination it meets (boto3's clients are thread-safe).
+CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+              "AWS_DEFAULT_REGION")
+_clients: dict[tuple[Any, ...], Any] = {}
+_clients_lock = threading.Lock()
 
 
 class SourceChanged(Exception):
@@ -37,6 +51,14 @@ class SourceChanged(Exception):
 
 class BadLocation(ValueError):
     """A URI this module cannot read or write (its scheme, its form)."""
+
+
+class NoBucket(Exception):
+    """The bucket a URI names is not in the object store."""
+
+
+class AccessDenied(Exception):
+    """The service's object-store credentials may not list what a URI names."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +159,19 @@ def _hidden(key: str, base: str) -> bool:
     return any(seg[:1] in ("_", ".") for seg in rest.split("/") if seg)
 
 
-def _s3_client() -> Any:
+def s3_client() -> Any:
+    """This process's S3 client for the endpoint and credentials the environment names:
+    made on first use, then shared by every listing and pinned read (a client per call
+    is slow)."""
+    key = (os.getpid(), *(os.environ.get(name) for name in CLIENT_ENV))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = _new_s3_client()
+    return client
+
+
+def _new_s3_client() -> Any:
     import boto3
     from botocore.config import Config
 
@@ -145,9 +179,26 @@ def _s3_client() -> Any:
                                             connect_timeout=10, read_timeout=60))
 
 
+@contextmanager
+def _refusals(loc: Location) -> Iterator[None]:
+    """S3's refusals of a listing as this module's: ``NoBucket``, ``AccessDenied``."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code")
+        if code == "NoSuchBucket":
+            raise NoBucket(loc.bucket) from e
+        if code in ("AccessDenied", "403"):
+            raise AccessDenied(loc.uri) from e
+        raise
+
+
 def list_objects(loc: Location, limit: int) -> list[SourceObject]:
     """The objects ``loc`` names, sorted by key, at most ``limit`` (BadLocation past it).
-    None found is an empty list (the caller says so in its terms)."""
+    None found is an empty list (the caller says so in its terms); NoBucket and
+    AccessDenied when S3 refuses the listing."""
     if loc.is_glob:
         head = GLOB_CHARS.split(loc.key, 1)[0]
         base = head[:head.rfind("/") + 1]
@@ -155,8 +206,11 @@ def list_objects(loc: Location, limit: int) -> list[SourceObject]:
     else:
         base, match = loc.key, None
     prefix_listing = match is not None or loc.key.endswith("/") or not loc.key
-    found = (_list_s3(loc.bucket, base, limit) if loc.scheme == "s3"
-             else _list_local(base, limit))
+    if loc.scheme == "s3":
+        with _refusals(loc):
+            found = _list_s3(loc.bucket, base, limit)
+    else:
+        found = _list_local(base, limit)
     out: list[SourceObject] = []
     for key, size, etag in found:
         if match is not None:
@@ -177,9 +231,11 @@ def list_objects(loc: Location, limit: int) -> list[SourceObject]:
 
 
 def holds_objects(loc: Location) -> bool:
-    """Whether anything lies under the prefix ``loc`` names (markers included)."""
+    """Whether anything lies under the prefix ``loc`` names (markers included);
+    NoBucket and AccessDenied when S3 refuses the listing."""
     if loc.scheme == "s3":
-        r = _s3_client().list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
+        with _refusals(loc):
+            r = s3_client().list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
         return bool(r.get("KeyCount") or r.get("Contents"))
     root = Path(loc.key)
     return root.is_dir() and any(f for _d, _s, f in os.walk(root))
@@ -187,7 +243,7 @@ def holds_objects(loc: Location) -> bool:
 
 def _list_s3(bucket: str, prefix: str, limit: int) -> list[tuple[str, int, str]]:
     out: list[tuple[str, int, str]] = []
-    pages = _s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     for page in pages:
         for o in page.get("Contents", []):
             out.append((o["Key"], int(o["Size"]), o["ETag"]))
@@ -306,13 +362,8 @@ def open_pinned(obj: SourceObject, client: Any = None) -> IO[bytes]:
     """A seekable binary reader of ``obj`` in its listed version (close it when done)."""
     loc = parse(obj.uri)
     if loc.scheme == "s3":
-        return _PinnedS3(obj, client or _s3_client())  # type: ignore[return-value]
+        return _PinnedS3(obj, client or s3_client())  # type: ignore[return-value]
     return _PinnedLocal(obj)
-
-
-def s3_client() -> Any:
-    """One S3 client for many ``open_pinned`` calls (a client per object is slow)."""
-    return _s3_client()
 
 
 def destination(loc: Location) -> ObjectStore:

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, text
 
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import registry
+from jobs.fleet import builtin_models
 from jobs.tenants import auth
 from storage.db import migrate
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis, port_open
@@ -222,7 +222,7 @@ def ctx(settings: Settings) -> Iterator[Context]:
 @pytest.fixture(scope="session")
 def tenant_key(ctx: Context) -> str:
 
-    registry.register_builtin_models(ctx)
+    builtin_models.register_builtin_models(ctx)
     return auth.create_tenant(ctx, f"tenant-{secrets.token_hex(3)}")[1]
 
 

@@ -15,11 +15,13 @@ from flask import Blueprint, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.current import context
-from api.schemas import ID, json_body, page, page_params
+from api.request_parsing import ID, json_body, page_params
+from api.schemas.common import page
 from jobs.batches import locations
+from jobs.core.access_tables import DataLocation, ServiceAccount
 from jobs.core.errors import InvalidRequest, NotFound, shown
-from jobs.core.schema import DataLocation, ServiceAccount, Tenant
-from jobs.protocol.requests import INT64, parse_model
+from jobs.core.schema import Tenant
+from jobs.protocol.validation import INT64, parse_model
 from jobs.tenants import projects as tenants
 
 bp = Blueprint("admin", __name__)

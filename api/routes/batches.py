@@ -14,12 +14,15 @@ from sqlalchemy.exc import DBAPIError
 from api import streams
 from api.current import context
 from api.idempotency import idempotent
-from api.schemas import batch_object, json_body, optional_json_body, page, page_params
+from api.request_parsing import json_body, optional_json_body, page_params
+from api.schemas.batches import batch_object
+from api.schemas.common import page
 from jobs.batches import partial, progress, retry, service
 from jobs.batches.queries import ShardSums
 from jobs.batches.retry import BatchRetry
 from jobs.core.settings import Settings
-from jobs.protocol.requests import BatchCreate, parse_model
+from jobs.protocol.batch import BatchCreate
+from jobs.protocol.validation import parse_model
 
 bp = Blueprint("batches", __name__)
 log = logging.getLogger("inferq.api")

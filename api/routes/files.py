@@ -9,10 +9,12 @@ from pydantic import ValidationError
 
 from api.current import context
 from api.idempotency import idempotent
-from api.schemas import file_object, page, page_params, query_text
+from api.request_parsing import page_params, query_text
+from api.schemas.common import page
+from api.schemas.files import file_object
 from jobs.batches import service
 from jobs.core.errors import InvalidRequest
-from jobs.protocol.requests import MAX_FILE_EXPIRY_S, MIN_FILE_EXPIRY_S, ExpiresAfter
+from jobs.protocol.batch import MAX_FILE_EXPIRY_S, MIN_FILE_EXPIRY_S, ExpiresAfter
 from storage.objects import CHUNK
 
 bp = Blueprint("files", __name__)

@@ -10,10 +10,11 @@ from flask import Blueprint, request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.current import context
-from api.schemas import json_body
-from jobs.core.errors import NotFound, shown
-from jobs.fleet import folders, registry, retire, rollout
-from jobs.protocol.requests import parse_model
+from api.request_parsing import json_body
+from jobs.core import refs
+from jobs.core.errors import ModelNotFound, shown
+from jobs.fleet import own_models, registry, retire, rollout
+from jobs.protocol.validation import parse_model
 
 bp = Blueprint("fleet", __name__)
 
@@ -24,8 +25,7 @@ def _check_path_ids() -> None:
     for arg in ("name", "version"):
         value = (request.view_args or {}).get(arg)
         if value is not None and not registry.valid_segment(value):
-            raise NotFound(f"The model {shown(value)} does not exist", param="model",
-                           code="model_not_found")
+            raise ModelNotFound(f"The model {shown(value)} does not exist", param="model")
 
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -56,7 +56,7 @@ class PoolBody(BaseModel):
 
 class ModelAdd(BaseModel):
     """A model version published from a folder the API's host can read: a local path or
-    an object-store URI ``s3://bucket/prefix/`` (jobs.fleet.folders checks it first)."""
+    an object-store URI ``s3://bucket/prefix/`` (jobs.fleet.folder_checks checks it first)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -76,8 +76,8 @@ def add() -> Any:
     """Publish a version; the name's rollout (its versions) as the routes below answer."""
     ctx = context()
     body = parse_model(ModelAdd, json_body())
-    folders.add(ctx, body.name, body.source, body.kind, body.version, body.precision,
-                body.default, body.allow_pickle, body.engine, body.matryoshka)
+    own_models.add(ctx, body.name, body.source, body.kind, body.version, body.precision,
+                   body.default, body.allow_pickle, body.engine, body.matryoshka)
     return rollout.status(ctx, body.name)
 
 
@@ -85,7 +85,7 @@ def add() -> Any:
 def remove(name: str, version: str) -> Any:
     """Retire a version nothing is pinned to (409 ``model_version_in_use`` otherwise)."""
     retire.remove(context(), name, version)
-    return {"id": registry.ref(name, version), "object": "model.version", "deleted": True}
+    return {"id": refs.model_ref(name, version), "object": "model.version", "deleted": True}
 
 
 @bp.get("/models")

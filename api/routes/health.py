@@ -11,8 +11,8 @@ from sqlalchemy import text
 
 from api import metrics as api_metrics
 from api.current import context
-from jobs.core.dispatch import MODEL_LANES
 from jobs.core.errors import InvalidRequest, shown
+from jobs.core.lanes import MODEL_LANES
 from jobs.fleet.heartbeats import live_workers
 
 bp = Blueprint("health", __name__)

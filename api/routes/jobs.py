@@ -8,12 +8,12 @@ from flask import Blueprint, g
 
 from api.current import admit, context
 from api.idempotency import idempotent
-from api.schemas import json_body
+from api.request_parsing import json_body
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.core.schema import new_id
-from jobs.protocol.requests import parse_model
-from jobs.tenants import limits
-from jobs.webhooks import events as webhooks
+from jobs.protocol.validation import parse_model
+from jobs.tenants import token_counts
+from jobs.webhooks import endpoints
 
 bp = Blueprint("jobs", __name__)
 
@@ -25,13 +25,13 @@ def create() -> Any:
     ctx = context()
     clean = asyncjobs.validate(ctx, req.endpoint, req.body)
     if req.callback_url is not None:
-        webhooks.check_callback(ctx, g.tenant_id, req.callback_url)
+        endpoints.check_callback(ctx, g.tenant_id, req.callback_url)
     job_id = new_id("job_")  # its reservation is settled by id when the job completes
-    admit(clean["model"], limits.request_tokens(
+    admit(clean["model"], token_counts.request_tokens(
         req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
-    job = asyncjobs.create(ctx, g.tenant_id, req.endpoint, req.body,
-                           callback_url=req.callback_url, api_key_id=g.api_key_id,
-                           job_id=job_id)
+    job = asyncjobs.store(ctx, g.tenant_id, req.endpoint, clean,
+                          callback_url=req.callback_url, api_key_id=g.api_key_id,
+                          job_id=job_id)
     return asyncjobs.job_object(job), 200
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from flask import Blueprint
 
 from api.current import context
-from jobs.core.errors import NotFound
+from jobs.core import refs
+from jobs.core.errors import ModelNotFound
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry
 
@@ -24,7 +25,7 @@ def model_object(m: Model, versions: list[Model], where: dict[str, list[str]],
     and versions (each with its traffic share, where it is resident and on which
     engines) are extensions."""
     canary = sum(v.traffic_weight for v in versions if not v.is_default)
-    ref = registry.ref(m.name, m.version)
+    ref = refs.model_ref(m.name, m.version)
     return {"id": m.name, "object": "model", "created": m.created_at, "owned_by": m.owned_by,
             "version": m.version, "kind": m.kind, "precision": m.precision,
             "engine": m.engine, "context_length": m.context_length, "tools": m.tools,
@@ -33,8 +34,8 @@ def model_object(m: Model, versions: list[Model], where: dict[str, list[str]],
             "versions": [{"version": v.version, "precision": v.precision, "engine": v.engine,
                           "traffic_weight": round(max(0.0, 1.0 - canary), 6) if v.is_default
                           else v.traffic_weight,
-                          "resident_on": where.get(registry.ref(v.name, v.version), []),
-                          "engines_in_use": engines.get(registry.ref(v.name, v.version), [])}
+                          "resident_on": where.get(refs.model_ref(v.name, v.version), []),
+                          "engines_in_use": engines.get(refs.model_ref(v.name, v.version), [])}
                          for v in versions]}
 
 
@@ -54,7 +55,6 @@ def retrieve(model_id: str) -> Any:
     ctx = context()
     m = registry.get_default(ctx, model_id)
     if m is None:
-        raise NotFound(f"The model '{model_id}' does not exist", param="model",
-                       code="model_not_found")
+        raise ModelNotFound(f"The model '{model_id}' does not exist", param="model")
     return model_object(m, registry.versions(ctx, model_id), placement.where(ctx.redis),
                         placement.engines(ctx.redis))

@@ -1,7 +1,8 @@
 """/openapi.json and /docs: an OpenAPI 3.1 description of every route the app serves,
 built from its URL map, the pydantic models that validate request bodies and the ones
-that describe responses (api/schemas.py), so it cannot drift from any of them; /docs
-is the same description as an HTML page.
+that describe responses (api/schemas/), so it cannot drift from any of them; /docs
+is the same description as an HTML page. What the URL map cannot tell of a view
+is api/routes/openapi_views.py.
 
 A route this module knows nothing about (one added later) still gets a valid
 operation: its path parameters, a success answer and the error shape as ``default``.
@@ -21,134 +22,30 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from werkzeug.routing import Rule
 
-from api import schemas as s
-from api.routes import admin, fleet
-from jobs.asyncjobs.lifecycle import JobCreate
-from jobs.batches import partial
-from jobs.batches.retry import BatchRetry
-from jobs.batches.uploads import UploadComplete, UploadCreate
-from jobs.core.dispatch import MODEL_LANES
-from jobs.protocol.requests import (
-    BatchCreate,
-    ChatBody,
-    CompletionBody,
-    EmbeddingsBody,
-    ResponsesBody,
+from api.routes.openapi_views import (
+    ADMINISTERED,
+    AUTHENTICATED,
+    BODIES,
+    ERRORS,
+    HEADERS,
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT,
+    MEDIA,
+    NO_BACKEND,
+    OK,
+    OPTIONAL_BODIES,
+    PARAMS,
+    SSE,
+    STREAMS,
+    TEXT,
+    UPLOADS,
+    parameter,
 )
-from jobs.tenants import projects as tenants
-from jobs.tenants import usage
-from jobs.webhooks.events import EndpointCreate, EndpointUpdate, RotateSecret, TestSend
+from api.schemas.common import Error
 
 bp = Blueprint("openapi", __name__,
                template_folder=str(Path(__file__).resolve().parent.parent / "templates"))
 
-# The view (endpoint name) -> the model its JSON body is parsed with.
-BODIES: dict[str, type[BaseModel]] = {
-    "batches.create": BatchCreate, "batches.retry_": BatchRetry, "uploads.create": UploadCreate,
-    "uploads.complete": UploadComplete, "inference.embeddings": EmbeddingsBody,
-    "inference.chat_completions": ChatBody, "inference.completions": CompletionBody,
-    "inference.responses": ResponsesBody,
-    "jobs.create": JobCreate, "webhooks.create": EndpointCreate,
-    "webhooks.update": EndpointUpdate, "webhooks.rotate_secret": RotateSecret,
-    "webhooks.test": TestSend, "webhooks.rotate_callback_secret": RotateSecret,
-    "admin.create_project": admin.ProjectCreate, "admin.update_project": admin.ProjectUpdate,
-    "admin.create_service_account": admin.ServiceAccountCreate,
-    "admin.create_key": admin.KeyCreate, "admin.update_rate_limit": admin.RateLimitUpdate,
-    "admin.create_location": admin.LocationCreate,
-    "fleet.step": fleet.RolloutStep, "fleet.pool": fleet.PoolBody, "fleet.add": fleet.ModelAdd}
-# Bodies that may be left out entirely (every field optional).
-OPTIONAL_BODIES = {"batches.retry_", "webhooks.update", "webhooks.rotate_secret",
-                   "webhooks.rotate_callback_secret",
-                   "admin.update_project", "admin.create_key"}
-UPLOADS: dict[str, type[BaseModel]] = {"files.create": s.FileUpload,
-                                       "uploads.add_part": s.PartUpload}
-
-# The view -> the model of its 200 JSON answer.
-OK: dict[str, type[BaseModel]] = {
-    "files.create": s.FileObject, "files.list_": s.Page[s.FileObject],
-    "files.retrieve": s.FileObject, "files.delete": s.Deleted,
-    "uploads.create": s.UploadObject, "uploads.add_part": s.UploadPartObject,
-    "uploads.complete": s.UploadObject, "uploads.cancel": s.UploadObject,
-    "batches.create": s.BatchObject, "batches.list_": s.Page[s.BatchObject],
-    "batches.retrieve": s.BatchObject, "batches.cancel": s.BatchObject,
-    "batches.retry_": s.BatchObject,
-    "inference.embeddings": s.EmbeddingsResponse,
-    "inference.chat_completions": s.ChatCompletion, "inference.completions": s.Completion,
-    "inference.responses": s.ResponseObject,
-    "jobs.create": s.JobObject, "jobs.retrieve": s.JobObject,
-    "models.list_": s.ModelList, "models.retrieve": s.ModelObject,
-    "webhooks.create": s.WebhookEndpointWithSecret,
-    "webhooks.list_": s.Page[s.WebhookEndpoint], "webhooks.retrieve": s.WebhookEndpoint,
-    "webhooks.update": s.WebhookEndpoint, "webhooks.delete": s.Deleted,
-    "webhooks.rotate_secret": s.WebhookEndpointWithSecret,
-    "webhooks.test": s.WebhookTestResult, "webhooks.event_types": s.EventTypeList,
-    "webhooks.deliveries": s.Page[s.Delivery], "webhooks.resend": s.Delivery,
-    "webhooks.callback_secret": s.CallbackSecret,
-    "webhooks.rotate_callback_secret": s.CallbackSecretWithSecret,
-    "health.healthz": s.Liveness, "health.readyz": s.Health,
-    "admin.create_project": s.Project, "admin.list_projects": s.Page[s.Project],
-    "admin.retrieve_project": s.Project, "admin.update_project": s.Project,
-    "admin.archive_project": s.Project,
-    "admin.create_service_account": s.ServiceAccountCreated,
-    "admin.list_service_accounts": s.Page[s.ServiceAccount],
-    "admin.retrieve_service_account": s.ServiceAccount,
-    "admin.delete_service_account": s.Deleted, "admin.create_key": s.NewKey,
-    "admin.list_keys": s.Page[s.ApiKey], "admin.retrieve_key": s.ApiKey,
-    "admin.delete_key": s.Deleted, "admin.list_rate_limits": s.Page[s.RateLimit],
-    "admin.update_rate_limit": s.RateLimit,
-    "admin.create_location": s.DataLocation, "admin.list_locations": s.Page[s.DataLocation],
-    "admin.delete_location": s.Deleted,
-    "usage.completions": s.UsagePage[s.CompletionsUsage],
-    "usage.embeddings": s.UsagePage[s.EmbeddingsUsage],
-    "usage.costs": s.UsagePage[s.CostsResult],
-    "fleet.list_": s.RolloutList, "fleet.get": s.Rollout, "fleet.step": s.Rollout,
-    "fleet.pool": s.Rollout, "fleet.add": s.Rollout, "fleet.remove": s.Deleted}
-TEXT = {"type": "string"}
-# One Server-Sent Event (an event stream's schema describes each of its events).
-SSE = {"type": "object", "required": ["data"], "properties": {
-    "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
-    "data": {"type": "string", "description": "a JSON object (a stream of completion "
-             "chunks ends with the data [DONE])"}}}
-# The view -> its 200 answer that is not JSON (media type -> schema).
-MEDIA: dict[str, dict[str, Any]] = {
-    "files.content": {"application/jsonl": TEXT, "application/octet-stream": {
-        "type": "string", "format": "binary"}},
-    "batches.output": {"application/jsonl": TEXT},
-    "batches.merged_output": {"application/jsonl": TEXT, "application/octet-stream": {
-        "type": "string", "format": "binary"}},
-    "batches.events": {"text/event-stream": SSE},
-    "health.metrics": {"text/plain": TEXT},
-    "openapi.openapi": {"application/json": {"type": "object"}},
-    "openapi.docs": {"text/html": TEXT}}
-STREAMS = {"inference.chat_completions", "inference.completions",  # stream: true → SSE
-           "inference.responses"}
-HEADERS = {  # the 200 answer's headers
-    "batches.output": ("inferq-next-cursor", "inferq-batch-status", "inferq-chunks",
-                       "inferq-complete"),
-    "inference.embeddings": ("inferq-model-version", "inferq-queue-ms"),
-    **{v: ("inferq-model-version",) for v in ("inference.chat_completions",
-                                              "inference.completions",
-                                              "inference.responses")}}
-
-AUTHENTICATED = {"batches", "files", "inference", "jobs", "models", "uploads", "webhooks"}
-ADMINISTERED = {"admin", "usage", "fleet"}
-NO_BACKEND = {"openapi.openapi", "openapi.docs", "health.healthz"}  # the rest may answer 503
-# Error statuses a view has beyond those its parameters imply (see _errors).
-ERRORS: dict[str, set[int]] = {
-    "batches.create": {403, 404}, "batches.cancel": {409}, "uploads.cancel": {400},
-    "batches.retry_": {409}, "batches.merged_output": {409},
-    "files.delete": {409},
-    "inference.embeddings": {413, 429, 504}, "inference.chat_completions": {413, 429, 504},
-    "inference.completions": {413, 429, 504}, "inference.responses": {413, 429, 504},
-    "jobs.create": {429},
-    "webhooks.callback_secret": {404}, "health.metrics": {401, 403},
-    "admin.create_project": {409}, "admin.update_project": {409},
-    "admin.archive_project": {409}, "admin.create_service_account": {409},
-    "admin.create_key": {409}, "admin.update_rate_limit": {409},
-    "admin.create_location": {409},
-    "fleet.add": {409}, "fleet.remove": {409}}
-IDEMPOTENT = {"batches.create", "batches.retry_", "files.create", "jobs.create", "uploads.create",
-              "uploads.add_part"}
 STATUS_TEXT = {200: "success", 204: "no content", 400: "invalid request",
                401: "no valid API key", 403: "the key may not do this",
                404: "no such object", 409: "conflicts with the object's state",
@@ -157,74 +54,6 @@ STATUS_TEXT = {200: "success", 204: "no content", 400: "invalid request",
                504: "no answer in time"}
 REF = "#/components/schemas/{model}"
 _ARG = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
-
-
-def _param(name: str, where: str, schema: dict[str, Any], required: bool = False,
-           description: str | None = None) -> dict[str, Any]:
-    out = {"name": name, "in": where, "required": required, "schema": schema}
-    if description:
-        out["description"] = description
-    return out
-
-
-def _int(lo: int, hi: int) -> dict[str, Any]:
-    return {"type": "integer", "minimum": lo, "maximum": hi}
-
-
-def _names(**items: Any) -> dict[str, Any]:
-    return {"type": "array", "items": items or {"type": "string"}}
-
-
-PAGE = [_param("limit", "query", {**_int(1, 100), "default": 20}),
-        _param("after", "query", {"type": "string", "maxLength": 64},
-               description="the last id of the previous page")]
-
-
-def _usage_params(what: str) -> list[dict[str, Any]]:
-    widths = ["1d"] if what == "costs" else list(usage.WIDTHS)
-    out = [_param("start_time", "query", _int(0, usage.MAX_TIME), True, "Unix seconds"),
-           _param("end_time", "query", _int(0, usage.MAX_TIME)),
-           _param("bucket_width", "query", {"type": "string", "enum": widths, "default": "1d"}),
-           _param("limit", "query", _int(1, usage.COST_LIMITS[1] if what == "costs"
-                                            else max(m for _, m in usage.BUCKET_LIMITS.values()))),
-           _param("page", "query", {"type": "string"}, description="next_page of a page"),
-           _param("group_by", "query", _names(type="string", enum=list(usage.GROUPS[what]))),
-           _param("project_ids", "query", _names()), _param("api_key_ids", "query", _names())]
-    if what == "costs":
-        out.append(_param("line_items", "query", _names()))
-    else:
-        out.append(_param("models", "query", _names()))
-    if what == usage.COMPLETIONS:
-        out.append(_param("batch", "query", {"type": "boolean"}))
-    return out
-
-
-# The view -> its query and header parameters.
-PARAMS: dict[str, list[dict[str, Any]]] = {
-    "files.list_": [*PAGE, _param("purpose", "query", {"type": "string", "maxLength": 64})],
-    "health.readyz": [_param("lane", "query", _names(type="string", enum=list(MODEL_LANES)),
-                             description="lanes that must have a live worker")],
-    "batches.list_": PAGE, "webhooks.list_": PAGE, "webhooks.deliveries": PAGE,
-    "admin.list_service_accounts": PAGE,
-    "admin.list_projects": [*PAGE, _param("include_archived", "query", {"type": "boolean"})],
-    "admin.list_keys": [*PAGE, _param("owner_project_access", "query", {
-        "type": "string", "enum": list(tenants.OWNER_ACCESS), "default": "any"})],
-    "admin.list_rate_limits": [*PAGE, _param("before", "query", {"type": "string"})],
-    "batches.output": [
-        _param("partial", "query", {"type": "string", "enum": ["true"]}, True,
-               "the lines committed so far (the final output is output_file_id's)"),
-        _param("after", "query", {"type": "string"},
-               description="the inferq-next-cursor header of the previous answer"),
-        _param("kind", "query", {"type": "string", "enum": list(partial.KINDS),
-                                 "default": "output"})],
-    "batches.events": [_param("Last-Event-ID", "header", {"type": "string"},
-                              description="the id of the last event seen: resume after it")],
-    "usage.completions": _usage_params(usage.COMPLETIONS),
-    "usage.embeddings": _usage_params(usage.EMBEDDINGS_KIND),
-    "usage.costs": _usage_params("costs")}
-IDEMPOTENCY_KEY = _param("Idempotency-Key", "header",
-                         {"type": "string", "minLength": 1, "maxLength": 255},
-                         description="a retry with the same key replays the first answer")
 
 
 def _json(model: str) -> dict[str, Any]:
@@ -320,7 +149,7 @@ def _operation(rule: Rule, method: str) -> tuple[dict[str, Any], set[type[BaseMo
                           "tags": [endpoint.split(".")[0]]}
     if description:
         op["description"] = description
-    params = [_param(a, "path", {"type": "string", "minLength": 1}, True)
+    params = [parameter(a, "path", {"type": "string", "minLength": 1}, True)
               for a in _ARG.findall(rule.rule)]  # in the path's order
     params += PARAMS.get(endpoint, [])
     if endpoint in IDEMPOTENT:
@@ -354,7 +183,7 @@ def spec() -> dict[str, Any]:
     """The description of this app's routes (``current_app``): every rule of its URL
     map, each method but HEAD and OPTIONS."""
     paths: dict[str, dict[str, Any]] = {}
-    models: set[type[BaseModel]] = {s.Error}
+    models: set[type[BaseModel]] = {Error}
     seen: dict[str, int] = {}
     for rule in current_app.url_map.iter_rules():
         path = _ARG.sub(r"{\1}", rule.rule)

@@ -9,10 +9,11 @@ from flask import Blueprint, g, request
 
 from api.current import context
 from api.idempotency import idempotent
-from api.schemas import json_body, upload_object, upload_part_object
+from api.request_parsing import json_body
+from api.schemas.files import upload_object, upload_part_object
 from jobs.batches import uploads
 from jobs.core.errors import InvalidRequest, shown
-from jobs.protocol.requests import parse_model
+from jobs.protocol.validation import parse_model
 
 bp = Blueprint("uploads", __name__)
 PARTS = {"uploads.add_part"}  # the endpoints whose bodies are a part (and its form)

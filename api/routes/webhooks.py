@@ -11,10 +11,12 @@ from typing import Any
 from flask import Blueprint, g, request
 
 from api.current import context
-from api.schemas import ID, json_body, optional_json_body, page, page_params
+from api.request_parsing import ID, json_body, optional_json_body, page_params
+from api.schemas.common import page
 from jobs.core.errors import InvalidRequest, NotFound, shown
-from jobs.protocol.requests import parse_model
+from jobs.protocol.validation import parse_model
 from jobs.webhooks import deliveries as outbox
+from jobs.webhooks import endpoints
 from jobs.webhooks import events as webhooks
 
 bp = Blueprint("webhooks", __name__)
@@ -32,43 +34,43 @@ def _check_path_ids() -> None:
 
 @bp.post("/webhook_endpoints")
 def create() -> Any:
-    req = parse_model(webhooks.EndpointCreate, json_body())
-    return webhooks.endpoint_object(webhooks.create_endpoint(context(), g.tenant_id, req),
+    req = parse_model(endpoints.EndpointCreate, json_body())
+    return endpoints.endpoint_object(endpoints.create_endpoint(context(), g.tenant_id, req),
                                     with_secret=True)
 
 
 @bp.get("/webhook_endpoints")
 def list_() -> Any:
     after, limit = page_params()
-    rows, more = webhooks.list_endpoints(context(), g.tenant_id, after, limit)
-    return page([webhooks.endpoint_object(e) for e in rows], more)
+    rows, more = endpoints.list_endpoints(context(), g.tenant_id, after, limit)
+    return page([endpoints.endpoint_object(e) for e in rows], more)
 
 
 @bp.get("/webhook_endpoints/<webhook_endpoint_id>")
 def retrieve(webhook_endpoint_id: str) -> Any:
-    return webhooks.endpoint_object(
-        webhooks.get_endpoint(context(), g.tenant_id, webhook_endpoint_id))
+    return endpoints.endpoint_object(
+        endpoints.get_endpoint(context(), g.tenant_id, webhook_endpoint_id))
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>")
 def update(webhook_endpoint_id: str) -> Any:
-    req = parse_model(webhooks.EndpointUpdate, optional_json_body())
-    return webhooks.endpoint_object(
-        webhooks.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req))
+    req = parse_model(endpoints.EndpointUpdate, optional_json_body())
+    return endpoints.endpoint_object(
+        endpoints.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req))
 
 
 @bp.delete("/webhook_endpoints/<webhook_endpoint_id>")
 def delete(webhook_endpoint_id: str) -> Any:
-    webhooks.delete_endpoint(context(), g.tenant_id, webhook_endpoint_id)
+    endpoints.delete_endpoint(context(), g.tenant_id, webhook_endpoint_id)
     return {"id": webhook_endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret")
 def rotate_secret(webhook_endpoint_id: str) -> Any:
-    req = parse_model(webhooks.RotateSecret, optional_json_body())
-    e = webhooks.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
+    req = parse_model(endpoints.RotateSecret, optional_json_body())
+    e = endpoints.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
                                req.keep_old_secret_active_for_24_hours)
-    return webhooks.endpoint_object(e, with_secret=True)
+    return endpoints.endpoint_object(e, with_secret=True)
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/test")
@@ -76,8 +78,8 @@ def test(webhook_endpoint_id: str) -> Any:
     """A result (``success: true``) only for a test that delivered, by the rule of every
     delivery (a 2xx answer); any other answer is a 400 ``webhook_test_failed`` saying
     what the endpoint answered, no answer at all a 400 ``webhook_unreachable``."""
-    e = webhooks.get_endpoint(context(), g.tenant_id, webhook_endpoint_id)
-    req = parse_model(webhooks.TestSend, json_body())
+    e = endpoints.get_endpoint(context(), g.tenant_id, webhook_endpoint_id)
+    req = parse_model(endpoints.TestSend, json_body())
     outcome = outbox.send_test(context(), e, req.event_type)
     if outcome.status is None:
         raise InvalidRequest(f"the endpoint did not answer: {outcome.error}",
@@ -97,25 +99,25 @@ def event_types() -> Any:
 @bp.get("/webhook_endpoints/<webhook_endpoint_id>/deliveries")
 def deliveries(webhook_endpoint_id: str) -> Any:
     after, limit = page_params()
-    rows, more = webhooks.list_deliveries(context(), g.tenant_id, webhook_endpoint_id, after,
+    rows, more = endpoints.list_deliveries(context(), g.tenant_id, webhook_endpoint_id, after,
                                           limit)
-    return page([webhooks.delivery_object(*r) for r in rows], more)
+    return page([endpoints.delivery_object(*r) for r in rows], more)
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/deliveries/<delivery_id>/resend")
 def resend(webhook_endpoint_id: str, delivery_id: str) -> Any:
-    return webhooks.delivery_object(
-        *webhooks.resend(context(), g.tenant_id, webhook_endpoint_id, delivery_id))
+    return endpoints.delivery_object(
+        *endpoints.resend(context(), g.tenant_id, webhook_endpoint_id, delivery_id))
 
 
 @bp.get("/webhook_callback_secret")
 def callback_secret() -> Any:
-    return webhooks.callback_secret_object(webhooks.get_callback_secret(context(), g.tenant_id))
+    return endpoints.callback_secret_object(endpoints.get_callback_secret(context(), g.tenant_id))
 
 
 @bp.post("/webhook_callback_secret")
 def rotate_callback_secret() -> Any:
-    req = parse_model(webhooks.RotateSecret, optional_json_body())
-    row = webhooks.rotate_callback_secret(context(), g.tenant_id,
+    req = parse_model(endpoints.RotateSecret, optional_json_body())
+    row = endpoints.rotate_callback_secret(context(), g.tenant_id,
                                           req.keep_old_secret_active_for_24_hours)
-    return webhooks.callback_secret_object(row, with_secret=True)
+    return endpoints.callback_secret_object(row, with_secret=True)

@@ -11,27 +11,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
-from jobs.core import redis_keys
+from jobs.core import redis_keys, refs
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound
 from jobs.core.schema import Job, new_id, now
 from jobs.core.status import JobStatus
-from jobs.fleet import catalog, placement, registry, rollout
-from jobs.protocol.requests import (
-    EMBEDDINGS,
-    ENDPOINTS,
-    RESPONSES,
-    parse_embeddings,
-    parse_generation,
-    parse_responses,
-)
-from jobs.tenants import limits, usage
+from jobs.fleet import catalog, placement, rollout
+from jobs.protocol.endpoints import EMBEDDINGS, ENDPOINTS, RESPONSES
+from jobs.protocol.parsing import parse_embeddings, parse_generation, parse_responses
+from jobs.tenants import limits, token_counts, usage
 from jobs.webhooks import events as webhooks
 
 log = logging.getLogger("inferq.jobs")
 
 def job_ref(job: Job) -> str:
-    return registry.ref(str(job.body.get("model", "")), job.model_version)
+    return refs.model_ref(str(job.body.get("model", "")), job.model_version)
 
 
 def push(ctx: Context, jobs: list[Job]) -> None:
@@ -97,7 +91,7 @@ def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
         return parse_embeddings(body, ctx.settings.max_embedding_inputs,
                                 catalog.cached(ctx)).model_dump(
             exclude_none=True)
-    if endpoint == RESPONSES:  # run as a chat request (jobs.protocol.requests.chat_body)
+    if endpoint == RESPONSES:  # run as a chat request (jobs.protocol.responses_request.chat_body)
         resp = parse_responses(body, catalog.cached(ctx))
         if resp.stream:
             raise InvalidRequest("a job is answered asynchronously; stream must be false",
@@ -113,9 +107,16 @@ def validate(ctx: Context, endpoint: str, body: Any) -> dict[str, Any]:
 def create(ctx: Context, tenant_id: str, endpoint: str, body: Any,
            callback_url: str | None = None, api_key_id: str | None = None,
            job_id: str | None = None) -> Job:
-    """Store the job (with the key that created it: its usage is billed to it) and
-    push its id."""
-    clean = validate(ctx, endpoint, body)
+    """Validate a job's body, store the job and push its id (``store``)."""
+    return store(ctx, tenant_id, endpoint, validate(ctx, endpoint, body), callback_url,
+                 api_key_id, job_id)
+
+
+def store(ctx: Context, tenant_id: str, endpoint: str, clean: dict[str, Any],
+          callback_url: str | None = None, api_key_id: str | None = None,
+          job_id: str | None = None) -> Job:
+    """Store a job whose body ``validate`` returned (with the key that created it: its
+    usage is billed to it) and push its id."""
     version = rollout.route(ctx, clean["model"]).version  # a canary takes its share
     job = Job(id=job_id or new_id("job_"), tenant_id=tenant_id, api_key_id=api_key_id,
               endpoint=endpoint, body=clean, status=JobStatus.QUEUED,
@@ -173,7 +174,7 @@ def complete(ctx: Context, job_id: str, token: str, result: dict[str, Any] | Non
         if row is not None:
             webhooks.job_ended(ctx, s, row.tenant_id, job_id, row.status, row.callback_url)
     if row is not None:  # its tokens-per-minute reservation becomes what it really used
-        real = limits.usage_tokens((result or {}).get("usage")) if error is None else 0
+        real = token_counts.usage_tokens((result or {}).get("usage")) if error is None else 0
         if real is not None and isinstance(row.body.get("model"), str):
             limits.settle_member(ctx, row.tenant_id, row.body["model"], job_id, real)
     return stored

@@ -45,11 +45,13 @@ from sqlalchemy import delete, func, literal, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from jobs.core import refs
 from jobs.core.context import Context
-from jobs.core.dispatch import SHARD_LANES, lane_for, shard_ref
+from jobs.core.dispatch import shard_ref
+from jobs.core.lanes import FLEX, FLEX_TIER, SHARD_LANES, lane_for
 from jobs.core.schema import Batch, DispatchDeficit, Shard, Tenant
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.fleet import placement, registry
+from jobs.fleet import placement
 from jobs.fleet.heartbeats import live_workers
 
 log = logging.getLogger("inferq.fairshare")
@@ -132,7 +134,8 @@ def select_shards(candidates: Iterable[Candidate], round_: Mapping[str, Turn],
 
 
 def lane_filter(lane: str) -> ColumnElement[bool]:
-    return Batch.service_tier == "flex" if lane == "flex" else Batch.service_tier != "flex"
+    return (Batch.service_tier == FLEX_TIER if lane == FLEX
+            else Batch.service_tier != FLEX_TIER)
 
 
 def slots(ctx: Context, lane: str) -> int:
@@ -306,7 +309,7 @@ def load_failed(ctx: Context, model_ref: str) -> None:
     """A worker could not load ``model_ref`` (``name@version``): its shards already sent
     to its queue are sent again, to their lane's common queue, where a worker refuses
     them with the batch's own error; the message left behind is a no-op."""
-    name, version = registry.split_ref(model_ref)
+    name, version = refs.split_ref(model_ref)
     if version is None:
         return
     with ctx.db.session() as s:

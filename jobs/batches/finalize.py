@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from jobs.batches import exports, outputs
+from jobs.batches import exports, lifecycle, outputs
 from jobs.batches import queries as repo
 from jobs.batches.datasets import Manifest
 from jobs.batches.views import read_shard
@@ -31,7 +31,6 @@ from jobs.core.context import Context
 from jobs.core.errors import shown, transient
 from jobs.core.schema import Batch, File, Shard, new_id, now
 from jobs.core.status import TERMINAL, BatchStatus, ShardStatus
-from jobs.webhooks import events as webhooks
 from storage import keys
 from storage.objects import CHUNK, ConcatReader, ObjectNotFound, ObjectStore
 from storage.parquet import write_rows
@@ -55,12 +54,10 @@ def _fail(ctx: Context, batch_id: str, e: Exception) -> None:
         b = repo.get_batch(s, None, batch_id, lock=True)
         if b is None or b.status in TERMINAL:
             return
-        b.status, b.failed_at = BatchStatus.FAILED, now()
-        b.errors = [*(b.errors or []), {
+        lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=[*(b.errors or []), {
             "code": "finalize_failed", "line": None, "param": None,
             "message": f"the batch's results could not be assembled into its output files "
-                       f"({type(e).__name__}: {shown(str(e), 300)})"}]
-        webhooks.batch_ended(ctx, s, b)  # its event commits with the status (the outbox)
+                       f"({type(e).__name__}: {shown(str(e), 300)})"}])
 
 
 def _finalize(ctx: Context, batch_id: str) -> None:
@@ -73,7 +70,7 @@ def _finalize(ctx: Context, batch_id: str) -> None:
         expired = b.expired_at is not None
         cancelling = b.status == BatchStatus.CANCELLING and not expired
         if not cancelling:
-            b.status, b.finalizing_at = BatchStatus.FINALIZING, b.finalizing_at or now()
+            lifecycle.move(ctx, s, b, BatchStatus.FINALIZING)
         shards = repo.shards_of(s, batch_id)
         reason = "batch_expired" if expired else "batch_cancelled"
         f = s.get(File, b.input_file_id)
@@ -96,14 +93,13 @@ def _finalize(ctx: Context, batch_id: str) -> None:
             if manifest.output is not None:
                 exports.write(ctx.store, b, shards, manifest, reason)
         if lost:  # requests we cannot account for: the batch must not claim success
-            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), lost
+            lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=lost)
         elif expired:
-            b.status = BatchStatus.EXPIRED
+            lifecycle.move(ctx, s, b, BatchStatus.EXPIRED)
         elif cancelling:
-            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            lifecycle.move(ctx, s, b, BatchStatus.CANCELLED)
         else:
-            b.status, b.completed_at = BatchStatus.COMPLETED, now()
-        webhooks.batch_ended(ctx, s, b)  # its event commits with the status (the outbox)
+            lifecycle.move(ctx, s, b, BatchStatus.COMPLETED)
 
 
 def _write(store: ObjectStore, key: str, blocks: Iterator[bytes]) -> tuple[str, int, int]:

@@ -37,7 +37,7 @@ from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import fairshare, retention, uploads
 from jobs.batches import queries as repo
 from jobs.core.context import Context
-from jobs.core.dispatch import lane_for
+from jobs.core.lanes import lane_for
 from jobs.core.redis_keys import WORKERS
 from jobs.core.schema import Batch, Shard, now
 from jobs.core.status import SHARD_FINISHED, BatchStatus, ShardStatus

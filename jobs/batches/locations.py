@@ -16,9 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobs.core.access_tables import DataLocation
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, shown
-from jobs.core.schema import DataLocation, new_id, now
+from jobs.core.schema import new_id, now
 from jobs.tenants import queries as tenant_queries
 from storage.datasets import BadLocation, Location, parse
 

@@ -40,7 +40,7 @@ import orjson
 import pyarrow as pa
 
 from jobs.core.schema import new_id
-from jobs.protocol.requests import EMBEDDINGS, RESPONSES
+from jobs.protocol.endpoints import EMBEDDINGS, RESPONSES
 
 
 class Tokens(NamedTuple):

@@ -28,16 +28,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, exists, select
 
 from jobs.core.context import Context
-from jobs.core.schema import (
-    Batch,
-    File,
-    IdempotencyKey,
-    UsageRecord,
-    WebhookDelivery,
-    WebhookEvent,
-    now,
-)
+from jobs.core.schema import Batch, File, IdempotencyKey, UsageRecord, now
 from jobs.core.status import TERMINAL, DeliveryStatus
+from jobs.core.webhook_tables import WebhookDelivery, WebhookEvent
 from storage import keys
 
 DAY = 86400

@@ -37,7 +37,7 @@ from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound
 from jobs.core.schema import Batch, File, Shard
 from jobs.core.status import TERMINAL
-from jobs.protocol.requests import BatchCreate, ExpiresAfter
+from jobs.protocol.batch import BatchCreate, ExpiresAfter
 from storage.objects import CHUNK, ObjectNotFound
 from storage.parquet import read_rows, write_rows
 

@@ -8,9 +8,10 @@ from typing import IO
 
 from sqlalchemy import insert, select
 
-from jobs.batches import datasets, fairshare, views
+from jobs.batches import datasets, fairshare, lifecycle, views
 from jobs.batches import queries as repo
 from jobs.batches.sharding import TokenCounter, validate_and_shard
+from jobs.core import refs
 from jobs.core.context import Context
 from jobs.core.errors import (
     Conflict,
@@ -19,12 +20,15 @@ from jobs.core.errors import (
     shown,
     transient,
 )
+from jobs.core.lanes import tier_of
 from jobs.core.schema import Batch, File, Shard, new_id, now
 from jobs.core.status import TERMINAL, BatchStatus
 from jobs.fleet import catalog, registry
-from jobs.protocol.requests import EMBEDDINGS, BatchCreate, no_dimensions
-from jobs.tenants import limits
-from jobs.webhooks import events as webhooks
+from jobs.protocol.batch import BatchCreate
+from jobs.protocol.embeddings import no_dimensions
+from jobs.protocol.endpoints import EMBEDDINGS
+from jobs.tenants import batch_quota
+from jobs.webhooks import endpoints
 from storage import keys
 from storage.objects import ObjectNotFound
 from storage.parquet import is_parquet
@@ -106,7 +110,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
     ask for its validation. A ``callback_url`` (inferq extension) also receives its
     terminal event."""
     if req.callback_url is not None:
-        webhooks.check_callback(ctx, tenant_id, req.callback_url)
+        endpoints.check_callback(ctx, tenant_id, req.callback_url)
     dataset = None
     if req.input_dataset is not None:
         if "model" not in req.body:
@@ -145,7 +149,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
         b = Batch(id=new_id("batch_"), tenant_id=tenant_id, api_key_id=api_key_id,
                   endpoint=req.endpoint,
                   input_file_id=f.id, completion_window=req.completion_window,
-                  service_tier="flex" if req.service_tier == "flex" else "default",
+                  service_tier=tier_of(req.service_tier),
                   status=BatchStatus.VALIDATING, defaults=req.body, metadata_=req.metadata,
                   callback_url=req.callback_url, created_at=created,
                   expires_at=created + WINDOW_SECONDS[req.completion_window],
@@ -184,7 +188,7 @@ def cancel_batch(ctx: Context, tenant_id: str, batch_id: str) -> Batch:
         if b.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
             raise Conflict(f"Cannot cancel a batch with status {b.status!r}", param="batch_id")
         was = b.status
-        b.status, b.cancelling_at = BatchStatus.CANCELLING, now()
+        lifecycle.move(ctx, s, b, BatchStatus.CANCELLING)
         if was == BatchStatus.IN_PROGRESS:
             repo.cancel_queued_shards(s, b.id)
             s.flush()
@@ -222,13 +226,11 @@ def _fail_validation(ctx: Context, batch_id: str, e: Exception) -> bool:
         if b is None or b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
             return False
         if b.status == BatchStatus.CANCELLING:
-            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
+            lifecycle.move(ctx, s, b, BatchStatus.CANCELLED)
         else:
-            b.status, b.failed_at = BatchStatus.FAILED, now()
-            b.errors = [{"code": "validation_failed", "line": None, "param": None,
-                         "message": f"the input file could not be validated "
-                                    f"({_told(e)})"}]
-        webhooks.batch_ended(ctx, s, b)
+            lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=[{
+                "code": "validation_failed", "line": None, "param": None,
+                "message": f"the input file could not be validated ({_told(e)})"}])
     try:  # shards it may have written
         ctx.store.delete_prefix(keys.batch_prefix(batch_id))
     except Exception:  # noqa: BLE001 - the batch has ended; its objects are only left over
@@ -273,29 +275,26 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         if b.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
             return  # a concurrent delivery of this task got here first
         if b.status == BatchStatus.CANCELLING:
-            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
-            webhooks.batch_ended(ctx, s, b)
+            lifecycle.move(ctx, s, b, BatchStatus.CANCELLED)
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
         if plan.errors:
-            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), plan.errors
-            webhooks.batch_ended(ctx, s, b)
+            lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=plan.errors)
             return
-        over = limits.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens,
+        over = batch_quota.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens,
                                         exact=plan.exact_tokens)
         if over is not None:  # past the project's batch input tokens of the day
-            b.status, b.failed_at, b.errors = BatchStatus.FAILED, now(), [over]
-            webhooks.batch_ended(ctx, s, b)
+            lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=[over])
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
         b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
         b.model_version = pinned  # the default version now: the batch keeps it to the end
         b.input_tokens = plan.input_tokens
-        b.status, b.in_progress_at = BatchStatus.IN_PROGRESS, now()
+        lifecycle.move(ctx, s, b, BatchStatus.IN_PROGRESS)
         sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn
         new_shards = []
         for index, rows in enumerate(plan.shards):
-            sid = f"{batch_id}.{index:06d}"
+            sid = refs.shard_id(batch_id, index)
             view = plan.views[index] if plan.views else None
             new_shards.append({
                 "id": sid, "batch_id": batch_id, "index": index, "rows": rows,
@@ -315,5 +314,4 @@ def _mark_cancelled_before_start(ctx: Context, batch_id: str) -> None:
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
         if b is not None and b.status == BatchStatus.CANCELLING:
-            b.status, b.cancelled_at = BatchStatus.CANCELLED, now()
-            webhooks.batch_ended(ctx, s, b)
+            lifecycle.move(ctx, s, b, BatchStatus.CANCELLED)

@@ -4,7 +4,7 @@ Every line is parsed once. Whole-file problems (bad JSON, duplicate or missing
 custom_id, wrong url or method, unknown or mixed models, bad encoding, a line
 over the size limit) are collected with line numbers and fail the batch.
 Per-request problems (the body does not match the endpoint's schema, or holds a
-parameter inferq does not support: jobs.protocol.requests.supported) become error-file lines
+parameter inferq does not support: jobs.protocol.parsing.supported) become error-file lines
 and the rest of the batch runs. The batch's ``body`` defaults are under every request,
 JSONL line or Parquet row alike: a request's own fields win.
 
@@ -18,7 +18,7 @@ batch input tokens of the day are charged) are counted by ``count_tokens`` when 
 caller has one: the control worker's counts with the model's tokenizer
 (workers.models.token_count), the ``usage.prompt_tokens`` the output lines will
 report. Without one, or for a request it cannot count, a request counts its upper
-bound (jobs.tenants.limits.prompt_tokens: UTF-8 bytes plus the template's overheads).
+bound (jobs.tenants.token_counts.prompt_tokens: UTF-8 bytes plus the template's overheads).
 """
 
 from __future__ import annotations
@@ -35,20 +35,12 @@ from typing import IO, Any
 import orjson
 
 from jobs.batches import outputs
-from jobs.core.errors import InvalidRequest, shown
+from jobs.core.errors import MODEL_NOT_FOUND, InvalidRequest, shown
 from jobs.fleet.catalog import Catalog
-from jobs.protocol.requests import (
-    CHAT,
-    COMPLETIONS,
-    EMBEDDINGS,
-    RESPONSES,
-    as_chat,
-    parse_embeddings,
-    parse_generation,
-    parse_responses,
-    text_length,
-)
-from jobs.tenants.limits import prompt_tokens
+from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, text_length
+from jobs.protocol.parsing import parse_embeddings, parse_generation, parse_responses
+from jobs.protocol.responses_request import as_chat
+from jobs.tenants.token_counts import prompt_tokens
 from storage import keys
 from storage.objects import ObjectStore, buffered
 from storage.parquet import dataset_columns, iter_dataset, shard_bytes
@@ -131,7 +123,7 @@ class Sharder:
         try:
             self.models.require(model, self.endpoint, param="body.model")
         except InvalidRequest as e:
-            return plan.fail("model_not_found", e.message, line_no, "body.model")
+            return plan.fail(MODEL_NOT_FOUND, e.message, line_no, "body.model")
         if plan.model is None:
             plan.model = model
         elif model != plan.model:

@@ -11,7 +11,7 @@ On S3 the parts go in place: each is a part, numbered as it comes, of one multip
 upload of the upload's own object, and completing ends that upload; when the parts
 are named in the order they came (a client that sends them one after another) that
 object is the File's, and nothing is copied (else their ranges are copied in the
-order named).
+order named: jobs/batches/upload_objects.py).
 Nothing is created when a check fails. The parts' objects are deleted once the upload
 is completed, cancelled or expired (the janitor's ``expire``).
 
@@ -35,13 +35,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from jobs.batches.service import UPLOAD_PURPOSES
+from jobs.batches.upload_objects import abort, assemble, delete_parts
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound, PayloadTooLarge, shown
-from jobs.core.schema import File, Upload, UploadPart, new_id, now
+from jobs.core.schema import File, new_id, now
 from jobs.core.status import UploadStatus
-from jobs.protocol.requests import ExpiresAfter
+from jobs.core.upload_tables import Upload, UploadPart
+from jobs.protocol.batch import ExpiresAfter
 from storage import keys
-from storage.objects import MAX_PARTS, MIN_PART, Digest, ObjectStore, PartsGone, PartsInPlace
+from storage.objects import MAX_PARTS, MIN_PART, PartsGone, PartsInPlace
 from storage.parquet import is_parquet
 
 log = logging.getLogger("inferq.uploads")
@@ -159,7 +161,7 @@ def create(ctx: Context, tenant_id: str, req: UploadCreate) -> Upload:
             s.add(up)
     except BaseException:
         if up.store_upload_id is not None:
-            _abort(ctx, up)
+            abort(ctx, up)
         raise
     return up
 
@@ -266,7 +268,7 @@ def complete(ctx: Context, tenant_id: str, upload_id: str,
             file_id = new_id("file-")
             digest = hashlib.md5() if req.md5 is not None else None
             if up.store_upload_id is not None:
-                key, size = _assemble(ctx, s, up, parts, file_id, digest)
+                key, size = assemble(ctx, s, up, parts, file_id, digest)
                 composed = key if key != keys.upload_target(up.id) else None
             else:
                 composed = key = keys.file_object(file_id)
@@ -295,82 +297,8 @@ def complete(ctx: Context, tenant_id: str, upload_id: str,
                 ctx.store.delete(composed)
             except Exception:  # noqa: BLE001 - the error that got here is the answer
                 log.exception("upload %s: could not delete %s", upload_id, composed)
-    _delete_parts(ctx, up)
+    delete_parts(ctx, up, key)
     return up, f
-
-
-def _assemble(ctx: Context, s: Session, up: Upload, parts: list[UploadPart], file_id: str,
-              digest: Digest | None) -> tuple[str, int]:
-    """The File's object of an upload whose large parts went in place, and its size.
-
-    Named in the order they came (the large ones by ascending number, a small one, an
-    object of its own, only last: a client that sends its parts one after another),
-    without an md5 to check: the multipart upload is ended with them (the small last
-    one copied in server-side first), and its object is the File's; nothing else is
-    copied. Otherwise it is ended with every large part, by number, and the File is
-    composed of the ranges of that object and the small parts' objects, in the order
-    named. An upload ended before (a completion that failed its checks, or was cut
-    short) is read as it was ended, if it holds what is asked."""
-    store = ctx.store
-    assert isinstance(store, PartsInPlace) and up.store_upload_id is not None
-    target = keys.upload_target(up.id)
-    total = sum(p.bytes for p in parts)
-    if digest is None and _as_they_came(parts):
-        chosen = [(p.number or 0, p.etag or "") for p in parts if p.number is not None]
-        try:
-            if parts[-1].number is None:  # a small last part: copied in, server-side
-                n = _take_number(s, up)
-                chosen.append((n, store.copy_part(target, up.store_upload_id, n,
-                                                  parts[-1].object_key)))
-            store.end_parts(target, up.store_upload_id, chosen)
-        except PartsGone:
-            _check_ended(store, up, target, total)
-        return target, store.size(target)
-    every = sorted((p for p in s.scalars(select(UploadPart).where(
-        UploadPart.upload_id == up.id)) if p.number is not None), key=lambda p: p.number or 0)
-    offsets, at = {}, 0
-    for p in every:
-        offsets[p.id] = at
-        at += p.bytes
-    if every:
-        try:
-            store.end_parts(target, up.store_upload_id,
-                            [(p.number or 0, p.etag or "") for p in every])
-        except PartsGone:
-            _check_ended(store, up, target, at)
-    key = keys.file_object(file_id)
-    pieces = [(target, offsets[p.id], p.bytes) if p.number is not None
-              else (p.object_key, 0, p.bytes) for p in parts]
-    return key, store.compose_ranges(key, pieces, digest)
-
-
-def _as_they_came(parts: list[UploadPart]) -> bool:
-    """Parts in place by ascending number, and at most one other (a small one) last."""
-    numbers = [p.number for p in parts[:-1]]
-    last = parts[-1].number
-    if last is not None:
-        numbers.append(last)
-    known = [n for n in numbers if n is not None]
-    return len(known) == len(numbers) and all(a < b for a, b in zip(known, known[1:],
-                                                                     strict=False))
-
-
-def _take_number(s: Session, up: Upload) -> int:
-    """The next part number, under the upload's row lock ``s`` holds."""
-    up.parts_started += 1
-    s.flush()
-    if up.parts_started > MAX_PARTS:
-        raise InvalidRequest(f"an upload has at most {MAX_PARTS} parts", param="part_ids",
-                             code="too_many_parts")
-    return up.parts_started
-
-
-def _check_ended(store: ObjectStore, up: Upload, target: str, size: int) -> None:
-    """An upload whose parts were ended before: its object must be what is asked for."""
-    if not store.exists(target) or store.size(target) != size:
-        raise InvalidRequest(f"the upload {up.id} was put together by an earlier completion "
-                             "with other parts: complete it with the same part_ids, or upload "
-                             "the file again", param="part_ids", code="upload_assembled")
 
 
 def _completed_again(s: Session, up: Upload, req: UploadComplete) -> File:
@@ -405,7 +333,7 @@ def cancel(ctx: Context, tenant_id: str, upload_id: str) -> Upload:
             return up
         _require_pending(up, "cancel")
         # under the lock: a failed delete leaves the upload pending, to be cancelled again
-        _abort(ctx, up)
+        abort(ctx, up)
         up.status, up.cancelled_at = UploadStatus.CANCELLED, now()
     return up
 
@@ -420,33 +348,6 @@ def expire(ctx: Context, at: int | None = None, limit: int = 100) -> list[str]:
             Upload.status == UploadStatus.PENDING, Upload.expires_at <= t)
             .order_by(Upload.expires_at).limit(limit).with_for_update(skip_locked=True)))
         for up in ups:  # a failed delete rolls back: the next sweep tries again
-            _abort(ctx, up)
+            abort(ctx, up)
             up.status = UploadStatus.EXPIRED
         return [up.id for up in ups]
-
-
-def _abort(ctx: Context, up: Upload) -> None:
-    """Everything an upload that will not complete wrote: its parts, in place or not,
-    and the target a failed completion put them together in."""
-    if up.store_upload_id is not None and isinstance(ctx.store, PartsInPlace):
-        ctx.store.abort_parts(keys.upload_target(up.id), up.store_upload_id)
-        ctx.store.delete(keys.upload_target(up.id))
-    ctx.store.delete_prefix(keys.upload_prefix(up.id))
-
-
-def _delete_parts(ctx: Context, up: Upload) -> None:
-    """After completion: the parts' objects, the parts in place no completion took, and
-    the object the File's ranges were copied from (one that is the File's stays)."""
-    try:
-        if up.store_upload_id is not None and isinstance(ctx.store, PartsInPlace):
-            target = keys.upload_target(up.id)
-            with ctx.db.session() as s:
-                f = s.get(File, up.file_id)
-                f_key = f.object_key if f is not None else None
-            if f_key != target:
-                ctx.store.abort_parts(target, up.store_upload_id)
-                ctx.store.delete(target)
-        ctx.store.delete_prefix(keys.upload_prefix(up.id))
-    except Exception:  # noqa: BLE001 - the File is made; its parts are only left over
-        log.exception("upload %s: could not delete its parts", up.id)
-

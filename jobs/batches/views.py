@@ -30,22 +30,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from jobs.batches import outputs
-from jobs.batches.datasets import (
-    READ_ROWS,
-    Bad,
-    Ids,
-    Manifest,
-    RowForm,
-    as_text,
-    changed,
-    find_repeats,
-    render,
-    shard_dataset,
-    text_hashes,
-)
+from jobs.batches.dataset_columns import Ids, as_text, find_repeats, render, text_hashes
+from jobs.batches.dataset_copies import shard_dataset
+from jobs.batches.datasets import READ_ROWS, Bad, Manifest, RowForm, changed, open_parquet
 from jobs.batches.sharding import DatasetReader, Sharder
 from jobs.core.errors import InvalidRequest, shown
 from jobs.core.schema import Shard
@@ -63,26 +52,6 @@ def viewable(manifest: Manifest, form: RowForm) -> bool:
     """Whether the batch's shards can be views: Parquet rows of text, whose request
     bodies the form builds without parsing each one."""
     return manifest.format == "parquet" and not manifest.conversations and form.fast
-
-
-def _open(obj: ds.SourceObject, client: Any, columns: list[str]
-          ) -> tuple[Any, pq.ParquetFile]:
-    f = ds.open_pinned(obj, client)
-    try:
-        pf = pq.ParquetFile(f)
-    except (OSError, ValueError) as e:
-        f.close()
-        raise Bad("invalid_dataset", f"{shown(obj.uri, 200)} is not a readable Parquet "
-                  f"file: {shown(str(e), 200)}") from None
-    have = pf.schema_arrow.names
-    missing = [c for c in columns if c not in have]
-    if missing:
-        f.close()
-        has = ", ".join(shown(c, 40) for c in have[:20]) or "none"
-        raise Bad("invalid_dataset", f"{shown(obj.uri, 200)} has no column "
-                  f"{', '.join(shown(c, 40) for c in missing)} (the id column, and the input "
-                  f"column or the template's columns); its columns: {has}")
-    return f, pf
 
 
 def _texts(manifest: Manifest, rb: pa.RecordBatch) -> tuple[pa.Array, pa.Array, np.ndarray,
@@ -156,7 +125,7 @@ class ViewSharder:
 
     def file(self, fi: int) -> _FileResult:
         m, out = self.m, _FileResult()
-        f, pf = _open(m.files[fi], self.client, m.columns)
+        f, pf = open_parquet(m.files[fi], self.client, m.columns)
         with f:
             for g in range(pf.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
@@ -196,7 +165,7 @@ class ViewSharder:
 
     def _id_columns(self) -> Iterator[pa.Array]:
         for obj in self.m.files:
-            f, pf = _open(obj, self.client, [self.m.id_column])
+            f, pf = open_parquet(obj, self.client, [self.m.id_column])
             with f:
                 for rb in pf.iter_batches(batch_size=READ_ROWS, columns=[self.m.id_column]):
                     yield as_text(rb.column(0), "the id column")
@@ -215,7 +184,7 @@ def view_rows(store: ObjectStore, sh: Shard) -> list[dict[str, Any]]:
     v = sh.source
     assert v is not None
     start, count = v["start"], v["count"]
-    f, pf = _open(m.files[v["file"]], None, m.columns)
+    f, pf = open_parquet(m.files[v["file"]], None, m.columns)
     parts: list[pa.RecordBatch] = []
     with f:
         off = 0
@@ -250,7 +219,7 @@ def read_shard(store: ObjectStore, sh: Shard, start: int = 0) -> list[dict[str, 
 
 def reader(defaults: dict[str, Any], models: Catalog, max_line: int) -> DatasetReader:
     """The sharding's reader of a dataset batch's input File (its manifest): views
-    where the dataset allows them, shard objects otherwise (jobs/batches/datasets.py)."""
+    where the dataset allows them, shard objects otherwise (jobs/batches/dataset_copies.py)."""
     def read(s: Sharder, data: bytes) -> None:
         manifest = Manifest.from_json(data)
         try:

@@ -11,7 +11,8 @@ import redis
 from jobs.core.dispatch import Dispatcher, make_celery
 from jobs.core.settings import Settings
 from storage.db import Database
-from storage.objects import ObjectStore, open_store
+from storage.objects import ObjectStore
+from storage.stores import open_store
 
 
 @dataclass

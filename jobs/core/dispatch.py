@@ -11,14 +11,10 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from jobs.core import logs, tracing
+from jobs.core import logs, refs, tracing
+from jobs.core.lanes import CELERY_LANES, lane_for
 from jobs.core.settings import Settings
 
-QUEUES = ("control", "batch", "flex")
-# The queues of batch shards, one per lane: standard batches and flex (low priority).
-SHARD_LANES = ("batch", "flex")
-# The lanes that run a model (control runs none), in the order health reports them.
-MODEL_LANES = ("realtime", "jobs", "batch", "flex")
 TASK_VALIDATE = "inferq.validate_batch"
 TASK_SHARD = "inferq.process_shard"
 TASK_FINALIZE = "inferq.finalize_batch"
@@ -52,7 +48,7 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         # tests/integration/test_backend_restarts.py and docs/RELIABILITY.md.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_retry_on_startup": True,
-        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUES],
+        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in CELERY_LANES],
         "task_default_queue": "control",
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -65,7 +61,7 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
 def lane_queues(lanes: set[str]) -> list[str]:
     """Celery queues behind lanes; realtime and jobs are Redis lists, not Celery queues
     (a worker serving only those consumes the otherwise unused "realtime" queue)."""
-    queues: list[str] = [q for q in QUEUES if q in lanes]
+    queues: list[str] = [q for q in CELERY_LANES if q in lanes]
     return queues or ["realtime"]
 
 
@@ -77,17 +73,7 @@ def shard_queue(lane: str, model_ref: str | None) -> str:
 
 def shard_ref(model: str | None, version: str | None) -> str | None:
     """The version a batch's shards are routed by (its pinned ``model_version``)."""
-    return f"{model}@{version}" if model and version else model
-
-
-def lane_for(tier: str) -> str:
-    """The shard lane (and queue) of a batch's service tier."""
-    return "flex" if tier == "flex" else "batch"
-
-
-def tier_for(lane: str) -> str:
-    """A service tier whose shards go to ``lane``."""
-    return "flex" if lane == "flex" else "default"
+    return refs.model_ref(model, version) if model else model
 
 
 def broker_url(redis_url: str) -> str:
@@ -117,7 +103,7 @@ class Dispatcher:
         """Send shards of one lane and model version to its queue."""
         queue = shard_queue(lane_for(tier), model_ref)
         for sid in shard_ids:
-            self._send(TASK_SHARD, sid, sid.rsplit(".", 1)[0], queue, countdown)
+            self._send(TASK_SHARD, sid, refs.batch_of(sid), queue, countdown)
 
     def finalize(self, batch_id: str) -> None:
         self._send(TASK_FINALIZE, batch_id, batch_id, "control")

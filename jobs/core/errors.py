@@ -57,6 +57,15 @@ class NotFound(InferqError):
     code = "not_found"
 
 
+# The code of every reference to a model the registry does not hold (a 404 for a path
+# naming it, a 400 for a request body's ``model``).
+MODEL_NOT_FOUND = "model_not_found"
+
+
+class ModelNotFound(NotFound):
+    code = MODEL_NOT_FOUND
+
+
 class Conflict(InferqError):
     status = 409
     code = "conflict"

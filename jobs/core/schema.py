@@ -1,9 +1,14 @@
-"""SQLAlchemy schema. Columns are NOT NULL unless stated; times are UTC epoch seconds
-where the API exposes them, so no conversion happens on the hot read path."""
+"""SQLAlchemy schema: the declarative base and the core tables (projects, files, batches
+and their shards, models, jobs, usage, idempotency keys). Columns are NOT NULL unless
+stated; times are UTC epoch seconds where the API exposes them, so no conversion happens
+on the hot read path.
+
+The other tables are in ``jobs.core.access_tables`` (keys, rate limits, data locations),
+``jobs.core.upload_tables`` and ``jobs.core.webhook_tables``; whatever needs the whole
+metadata (the migrations) imports those too."""
 
 from __future__ import annotations
 
-import builtins
 import os
 import time
 from typing import Any
@@ -50,84 +55,6 @@ class Tenant(Base):
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     archived_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
-
-
-class ServiceAccount(Base):
-    """A project's non-human owner of API keys."""
-
-    __tablename__ = "service_accounts"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(200))
-    role: Mapped[str] = mapped_column(String(16), default="member")
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-
-    __table_args__ = (Index("ix_service_accounts_tenant_id_id", "tenant_id", "id"),)
-
-
-class ApiKey(Base):
-    """A project key, stored as its sha256 (the value is shown once). ``prefix`` and
-    ``suffix`` make its redacted value."""
-
-    __tablename__ = "api_keys"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    prefix: Mapped[str] = mapped_column(String(16))
-    suffix: Mapped[str] = mapped_column(String(8), default="", server_default="")
-    name: Mapped[str] = mapped_column(String(200), default="", server_default="")
-    service_account_id: Mapped[str | None] = mapped_column(
-        ForeignKey("service_accounts.id", ondelete="CASCADE"), nullable=True)
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-
-    __table_args__ = (Index("ix_api_keys_tenant_id_id", "tenant_id", "id"),)
-
-
-class AdminKey(Base):
-    """A key for the Admin API (``/v1/organization/...``); never a project key."""
-
-    __tablename__ = "admin_api_keys"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    prefix: Mapped[str] = mapped_column(String(16))
-    suffix: Mapped[str] = mapped_column(String(8), default="", server_default="")
-    name: Mapped[str] = mapped_column(String(200), default="", server_default="")
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-
-
-class RateLimit(Base):
-    """A project's limits for one model; NULL is "no limit of this kind"."""
-
-    __tablename__ = "rate_limits"
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
-                                           primary_key=True)
-    model: Mapped[str] = mapped_column(String(200), primary_key=True)
-    max_requests_per_1_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    max_tokens_per_1_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    max_requests_per_1_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    batch_1_day_max_input_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    max_concurrent_streams: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
-
-
-class DataLocation(Base):
-    """An object-store location (a URI prefix) a project's batches may read datasets
-    from or write outputs to, in place (jobs/batches/datasets.py); set by an admin.
-    ``access``: read, write or read_write."""
-
-    __tablename__ = "data_locations"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    uri: Mapped[str] = mapped_column(String(1024))
-    access: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-
-    __table_args__ = (Index("ix_data_locations_tenant_id_uri", "tenant_id", "uri",
-                            unique=True),)
 
 
 class UsageRecord(Base):
@@ -180,61 +107,6 @@ class File(Base):
                             postgresql_where="NOT deleted AND expires_at IS NOT NULL"))
 
 
-class Upload(Base):
-    """A file sent in parts (``POST /v1/uploads``; jobs/batches/uploads.py). ``status``
-    is pending until it is completed (``file_id`` is then the File made of its parts,
-    ``part_ids`` their order, ``md5`` the checksum verified, if one was given) or
-    cancelled; a pending upload past ``expires_at`` is expired, whether or not the
-    janitor has written so yet. ``file_expires_after``: the File's ``expires_at`` is
-    its ``created_at`` plus these seconds (``expires_after``)."""
-
-    __tablename__ = "uploads"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    filename: Mapped[str] = mapped_column(String(512))
-    purpose: Mapped[str] = mapped_column(String(32))
-    mime_type: Mapped[str] = mapped_column(String(128))
-    bytes: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(16))  # UploadStatus
-    file_expires_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
-    part_ids: Mapped[list[Any] | None] = mapped_column(JSONB, nullable=True)
-    md5: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    expires_at: Mapped[int] = mapped_column(BigInteger)
-    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # On a store that takes parts in place (S3): the id of the multipart upload of its
-    # object (storage.keys.upload_target) its parts go into, and the part numbers given.
-    store_upload_id: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    parts_started: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-
-    __table_args__ = (
-        Index("ix_uploads_tenant_id_id", "tenant_id", "id"),
-        Index("ix_uploads_status_expires_at", "status", "expires_at"),
-    )
-
-
-class UploadPart(Base):
-    """One part of an upload: an object of its own until the upload ends, or a part of
-    the multipart upload of the upload's object (``number``)."""
-
-    __tablename__ = "upload_parts"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"))
-    bytes: Mapped[int] = mapped_column(BigInteger)
-    # its first bytes (up to 4): the composed file's format is told from the parts' heads
-    head: Mapped[builtins.bytes] = mapped_column(LargeBinary)  # (``bytes`` is a column here)
-    object_key: Mapped[str] = mapped_column(String(1024))
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    # A part in place (Upload.store_upload_id): its number and ETag in the multipart
-    # upload of ``object_key``; NULL for a part stored as an object of its own.
-    number: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    etag: Mapped[str | None] = mapped_column(String(128), nullable=True)
-
-    __table_args__ = (Index("ix_upload_parts_upload_id_id", "upload_id", "id"),)
-
-
 class Batch(Base):
     __tablename__ = "batches"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -256,8 +128,8 @@ class Batch(Base):
     # Requests rejected at validation (per-request body errors); the rest is
     # counted per shard and summed on read.
     invalid: Mapped[int] = mapped_column(Integer, default=0)
-    # An upper bound of its input tokens, counted at validation (jobs/tenants/limits.py): what
-    # it takes of the project's batch_1_day_max_input_tokens.
+    # An upper bound of its input tokens, counted at validation (jobs/tenants/batch_quota.py):
+    # what it takes of the project's batch_1_day_max_input_tokens.
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # inferq extension: where its terminal event is also sent (jobs/webhooks/events.py).
     callback_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
@@ -447,102 +319,3 @@ class IdempotencyKey(Base):
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
     __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)
-
-
-# Webhooks (jobs/webhooks/events.py, jobs/webhooks/deliveries.py) ----------------------------------
-
-
-class WebhookEndpoint(Base):
-    """A project's webhook endpoint: where events of ``event_types`` are sent, signed
-    with ``secret`` (``whsec_`` + base64). After a rotation that keeps the old secret,
-    deliveries are signed with both until ``old_secret_expires_at``."""
-
-    __tablename__ = "webhook_endpoints"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(200))
-    url: Mapped[str] = mapped_column(String(2048))
-    event_types: Mapped[list[Any]] = mapped_column(JSONB)
-    secret: Mapped[str] = mapped_column(String(128))
-    old_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    old_secret_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
-
-    __table_args__ = (Index("ix_webhook_endpoints_tenant_id_id", "tenant_id", "id"),)
-
-
-class WebhookCallbackSecret(Base):
-    """A project's secret for per-request callbacks (``callback_url`` on a job or a
-    batch); rotated like an endpoint's."""
-
-    __tablename__ = "webhook_callback_secrets"
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"),
-                                           primary_key=True)
-    secret: Mapped[str] = mapped_column(String(128))
-    old_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    old_secret_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
-    updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
-
-
-class WebhookEvent(Base):
-    """The outbox: one row per event, written in the transaction of the status change
-    that causes it. ``body`` is the exact JSON every delivery of it sends."""
-
-    __tablename__ = "webhook_events"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    type: Mapped[str] = mapped_column(String(64))
-    subject_id: Mapped[str] = mapped_column(String(48))  # the batch or job
-    body: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Float, default=time.time)
-
-    __table_args__ = (Index("ix_webhook_events_created_at", "created_at"),)
-
-
-class WebhookDelivery(Base):
-    """One event to one target: an endpoint (``endpoint_id``) or a per-request callback
-    (``url``, signed with the project's callback secret). Its id is the
-    ``webhook-id`` header of every attempt. A claimed row's lease is
-    ``next_attempt_at``: a sender that dies leaves it due again when that passes."""
-
-    __tablename__ = "webhook_deliveries"
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    event_id: Mapped[str] = mapped_column(ForeignKey("webhook_events.id", ondelete="CASCADE"))
-    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
-    endpoint_id: Mapped[str | None] = mapped_column(
-        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), nullable=True)
-    url: Mapped[str | None] = mapped_column(String(2048), nullable=True)  # a callback's
-    status: Mapped[str] = mapped_column(String(16))  # DeliveryStatus
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[float] = mapped_column(Float)
-    give_up_at: Mapped[float] = mapped_column(Float)
-    lease_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[float] = mapped_column(Float, default=time.time)
-    delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-
-    __table_args__ = (
-        Index("ix_webhook_deliveries_due", "next_attempt_at",
-              postgresql_where="status = 'pending'"),
-        Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
-        Index("ix_webhook_deliveries_event_id", "event_id"),  # an event's, as it is pruned
-    )
-
-
-class WebhookAttempt(Base):
-    """The delivery log: one row per attempt (its HTTP status, or why it got none)."""
-
-    __tablename__ = "webhook_attempts"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    delivery_id: Mapped[str] = mapped_column(
-        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
-    attempt: Mapped[int] = mapped_column(Integer)
-    started_at: Mapped[float] = mapped_column(Float)
-    duration_ms: Mapped[int] = mapped_column(Integer)
-    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
-
-    __table_args__ = (Index("ix_webhook_attempts_delivery_id", "delivery_id", "id"),)

@@ -26,7 +26,8 @@ ALLOWED: dict[BatchStatus, set[BatchStatus]] = {
                               BatchStatus.FAILED},
     BatchStatus.FINALIZING: {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.CANCELLED,
                              BatchStatus.EXPIRED},
-    BatchStatus.CANCELLING: {BatchStatus.CANCELLED, BatchStatus.FINALIZING},
+    # a cancelling batch whose results cannot be assembled fails
+    BatchStatus.CANCELLING: {BatchStatus.CANCELLED, BatchStatus.FINALIZING, BatchStatus.FAILED},
 }
 
 

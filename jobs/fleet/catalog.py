@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from jobs.core.context import Context
-from jobs.core.errors import InvalidRequest, shown
+from jobs.core.errors import MODEL_NOT_FOUND, InvalidRequest, shown
 from jobs.fleet import registry
-from jobs.protocol.requests import COMPLETIONS, EMBEDDINGS, RESPONSES, ModelInfo
+from jobs.protocol.endpoints import COMPLETIONS, EMBEDDINGS, RESPONSES, ModelInfo
 
 TTL_S = 5.0
 
@@ -56,7 +56,7 @@ class Catalog:
         what = ("does not exist" if m is None
                 else f"is {article} {m.kind} model, not for {endpoint}")
         raise InvalidRequest(f"The model {shown(name)} {what}. Models for {endpoint}: {listed}",
-                             param=param, code="model_not_found")
+                             param=param, code=MODEL_NOT_FOUND)
 
 
 def load(ctx: Context) -> Catalog:

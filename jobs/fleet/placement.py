@@ -36,8 +36,9 @@ import orjson
 import redis
 from sqlalchemy import select
 
-from jobs.core import redis_keys
+from jobs.core import redis_keys, refs
 from jobs.core.context import Context
+from jobs.core.lanes import MODEL_LANES
 from jobs.core.schema import Model
 from jobs.fleet import registry
 from jobs.fleet.heartbeats import Heartbeat, live_workers
@@ -51,7 +52,6 @@ PLACING_TTL_S = 120
 # A version whose load failed is not placed again for this long: its work is routed to
 # the lane's common queue meanwhile, where any worker refuses it (503 model_not_loaded).
 FAILED_TTL_S = 300
-MODEL_LANES = ("realtime", "jobs", "batch", "flex")
 
 
 def command_list(worker: str) -> str:
@@ -178,7 +178,7 @@ def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
         if any(b["name"] == worker for b in beats):
             return True  # on its way
         r.delete(placing_key(model_ref))  # its worker died before it loaded: again
-    name, version = registry.split_ref(model_ref)
+    name, version = refs.split_ref(model_ref)
     m = registry.get(ctx, name, version) if version else registry.get_default(ctx, name)
     if m is None:
         return False
@@ -241,7 +241,7 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
                                       | Model.idle_unload_s.is_not(None))))
     sent: list[tuple[str, str, str]] = []
     for name, version, minimum, idle_s, files in pools:
-        ref = registry.ref(name, version)
+        ref = refs.model_ref(name, version)
         copies = holders(beats, ref)
         pending = [b for b in beats if ref in loading(b) and b not in copies
                    or r.exists(pool_key(ref, str(b["name"])))]

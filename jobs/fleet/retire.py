@@ -31,8 +31,9 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
+from jobs.core import refs
 from jobs.core.context import Context
-from jobs.core.errors import Conflict, NotFound, shown
+from jobs.core.errors import Conflict, ModelNotFound, shown
 from jobs.core.schema import Batch, Job, Model
 from jobs.core.status import TERMINAL, JobStatus
 from jobs.fleet import placement, registry
@@ -54,13 +55,11 @@ def remove(ctx: Context, name: str, version: str, unload: bool = True) -> Remove
     registered, Conflict when something still names it. ``unload``: tell the live
     workers holding it (Redis known)."""
     if registry.get(ctx, name, version) is None:
-        raise NotFound(f"{shown(name)} has no version {shown(version)}", param="version",
-                       code="model_not_found")
+        raise _no_version(name, version)
     try:
         m = registry.unregister(ctx, name, version, _refuse_if_in_use)
     except ValueError:  # removed by another process meanwhile
-        raise NotFound(f"{shown(name)} has no version {shown(version)}", param="version",
-                       code="model_not_found") from None
+        raise _no_version(name, version) from None
     deleted = 0
     if m.object_prefix == keys.model_prefix(name, version):
         ctx.store.delete(keys.model_manifest(name, version))
@@ -68,12 +67,12 @@ def remove(ctx: Context, name: str, version: str, unload: bool = True) -> Remove
             ctx.store.delete(key)
             deleted += 1
         deleted += 1
-    told = _unload(ctx, registry.ref(name, version)) if unload else ()
+    told = _unload(ctx, refs.model_ref(name, version)) if unload else ()
     return Removed(name, version, deleted, told)
 
 
 def _refuse_if_in_use(s: Any, m: Model) -> None:
-    ref = registry.ref(m.name, m.version)
+    ref = refs.model_ref(m.name, m.version)
     others = list(s.scalars(select(Model.version).where(Model.name == m.name,
                                                         Model.version != m.version)))
     if m.is_default and others:
@@ -126,3 +125,7 @@ def _unload(ctx: Context, ref: str) -> tuple[str, ...]:
     except redis.RedisError:
         return ()
     return tuple(sorted(str(b["name"]) for b in holders))
+
+
+def _no_version(name: str, version: str) -> ModelNotFound:
+    return ModelNotFound(f"{shown(name)} has no version {shown(version)}", param="version")

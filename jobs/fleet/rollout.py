@@ -26,8 +26,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from jobs.core import refs
 from jobs.core.context import Context
-from jobs.core.errors import InvalidRequest, NotFound, shown
+from jobs.core.errors import InvalidRequest, ModelNotFound, shown
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry, shadow
 
@@ -141,8 +142,7 @@ def status(ctx: Context, name: str) -> dict[str, Any]:
     NotFound for a name the registry does not hold."""
     versions = registry.versions(ctx, name)
     if not versions:
-        raise NotFound(f"The model {shown(name)} does not exist", param="model",
-                       code="model_not_found")
+        raise ModelNotFound(f"The model {shown(name)} does not exist", param="model")
     where = placement.where(ctx.redis)
     loads = placement.load_counts(ctx.redis)
     canary = sum(m.traffic_weight for m in versions if not m.is_default)
@@ -152,8 +152,8 @@ def status(ctx: Context, name: str) -> dict[str, Any]:
         "traffic_weight": round(max(0.0, 1.0 - canary), 6) if m.is_default
         else m.traffic_weight, "shadow_share": m.shadow_share,
         "min_resident": m.min_resident, "idle_unload_s": m.idle_unload_s,
-        "resident_on": where.get(registry.ref(m.name, m.version), []),
-        "loads": loads.get(registry.ref(m.name, m.version), {})} for m in versions],
+        "resident_on": where.get(refs.model_ref(m.name, m.version), []),
+        "loads": loads.get(refs.model_ref(m.name, m.version), {})} for m in versions],
         "shadow": shadow.report(ctx.redis, name)}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from jobs.core import redis_keys
+from jobs.core import redis_keys, refs
 from jobs.fleet import registry
 
 log = logging.getLogger("inferq.shadow")
@@ -31,7 +31,7 @@ def record(r: redis.Redis, name: str, version: str, role: str, seconds: float,
             p.hincrbyfloat(key, f"{version}|agreement_sum", agreement)
             p.hincrby(key, f"{version}|compared", 1)
         if not error:
-            lat = LATENCIES + registry.ref(name, version)
+            lat = LATENCIES + refs.model_ref(name, version)
             p.lpush(lat, f"{seconds:.6f}")
             p.ltrim(lat, 0, KEEP_LATENCIES - 1)
         p.execute()
@@ -47,7 +47,7 @@ def report(r: redis.Redis, name: str) -> list[dict[str, Any]]:
     versions = sorted({k.split("|", 1)[0] for k in raw}, key=registry.version_key)
     out = []
     for v in versions:
-        lats = sorted(float(x) for x in r.lrange(LATENCIES + registry.ref(name, v), 0, -1))
+        lats = sorted(float(x) for x in r.lrange(LATENCIES + refs.model_ref(name, v), 0, -1))
         compared = int(raw.get(f"{v}|compared", 0))
         out.append({
             "version": v, "primary": int(raw.get(f"{v}|primary", 0)),

@@ -10,7 +10,7 @@ truncation, not stored), with every field the pinned SDK's ``Response`` requires
 that strict response validation passes.
 
 With function tools, the answer's calls are read back from its text
-(jobs.protocol.tools): each is a ``function_call`` output item after the message
+(jobs.protocol.tool_calls): each is a ``function_call`` output item after the message
 (which is left out when only calls were written).
 """
 
@@ -20,8 +20,9 @@ import time
 from typing import Any
 
 from jobs.core.schema import new_id
-from jobs.protocol.requests import ResponsesBody, chat_body
-from jobs.protocol.tools import Call, CallStream, Tools, parse, tools_of
+from jobs.protocol.responses_request import ResponsesBody, chat_body
+from jobs.protocol.tool_calls import Call, CallStream, parse
+from jobs.protocol.tool_use import Tools, tools_of
 
 COMPLETED, INCOMPLETE, IN_PROGRESS = "completed", "incomplete", "in_progress"
 

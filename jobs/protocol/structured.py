@@ -113,7 +113,7 @@ class Constraint:
     schema: dict[str, Any]
     json_object: bool = False  # any JSON object (JSON mode)
     # A Lark grammar (llguidance's, JSON schemas inside as ``%json``) in place of the
-    # schema: tool calls (jobs.protocol.tools)
+    # schema: tool calls (jobs.protocol.tool_use)
     lark: str | None = None
 
     def grammar(self) -> str:

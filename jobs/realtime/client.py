@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 import orjson
 import redis
 
-from jobs.core import logs, redis_keys, tracing
+from jobs.core import logs, redis_keys, refs, tracing
 from jobs.core.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.core.schema import new_id
 from jobs.core.status import StreamEvent
-from jobs.fleet import heartbeats, placement, registry
+from jobs.fleet import heartbeats, placement
 from storage import pubsub
 
 REPLY_TTL_S = 60
@@ -59,7 +59,7 @@ def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None
     beats = heartbeats.live_workers(r, "realtime")
     if not beats:
         raise Unavailable("no worker is serving the realtime lane", retry_after=5)
-    ref = f"{model}@{version}" if version else model
+    ref = refs.model_ref(model, version)
     placing = None
     if place is ON_DEMAND:
         queue = redis_keys.REALTIME_ANY
@@ -87,7 +87,7 @@ def withdrawn(r: redis.Redis, admitted: Admission, raw: bytes, place: Placer | N
         return None  # no load awaited, or a worker has it: its answer comes from there
     if place(ref) or not r.lrem(admitted.queue, 1, message):
         return None
-    name, _ = registry.split_ref(ref)
+    name, _ = refs.split_ref(ref)
     err = ModelNotLoaded(name)
     if (why := placement.failure(r, ref)) is not None:
         err.message = f"{err.message} ({ref} could not be loaded: {why.split(':', 1)[0]})"

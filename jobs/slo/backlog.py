@@ -37,7 +37,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from jobs.batches.fairshare import lane_filter
 from jobs.core.context import Context
-from jobs.core.dispatch import SHARD_LANES
+from jobs.core.lanes import SHARD_LANES
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import BatchStatus, ShardStatus
 

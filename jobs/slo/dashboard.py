@@ -17,13 +17,13 @@ from typing import Literal, NamedTuple
 import redis
 
 from jobs.batches import queries as repo
-from jobs.core import redis_keys
+from jobs.core import redis_keys, refs
 from jobs.core.context import Context
-from jobs.core.dispatch import QUEUES
 from jobs.core.errors import InvalidRequest, NotFound, Unauthorized
+from jobs.core.lanes import CELERY_LANES
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import BatchStatus, BreakerState
-from jobs.fleet import heartbeats, registry
+from jobs.fleet import heartbeats
 from jobs.slo import stats
 from jobs.tenants import auth
 from jobs.tenants import queries as tenant_queries
@@ -88,10 +88,10 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
                      | {redis_keys.realtime_queue(m) for w in heartbeats.live_workers(r, "realtime")
                         for m in w.get("resident", w.get("models", []))})
     lane_keys = {q: sorted({q + suffix for suffix in PRIORITY_SUFFIXES}
-                           | _keys(r, q + ".*")) for q in QUEUES}
+                           | _keys(r, q + ".*")) for q in CELERY_LANES}
     job_keys = sorted({redis_keys.JOBS_QUEUE} | _keys(r, redis_keys.JOBS_QUEUE + ":*"))
     with r.pipeline(transaction=False) as p:
-        for q in QUEUES:
+        for q in CELERY_LANES:
             for k in lane_keys[q]:
                 p.llen(k)
         for k in job_keys:
@@ -100,7 +100,7 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
             p.llen(k)
         lengths = list(p.execute())
     out = []
-    for q in QUEUES:
+    for q in CELERY_LANES:
         n = len(lane_keys[q])
         out.append(QueueDepth(q, None, sum(lengths[:n])))
         del lengths[:n]
@@ -108,7 +108,7 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     del lengths[:len(job_keys)]
     by_model: dict[str, int] = {}  # a model's versions' lists and its name's, summed
     for k, length in zip(rt_keys, lengths, strict=True):
-        name = registry.split_ref(k[len(redis_keys.REALTIME_QUEUE) + 1:])[0]
+        name = refs.split_ref(k[len(redis_keys.REALTIME_QUEUE) + 1:])[0]
         by_model[name] = by_model.get(name, 0) + int(length)
     out += [QueueDepth("realtime", name, n) for name, n in by_model.items()]
     return sorted(out, key=lambda d: (stats.LANE_ORDER.index(d.lane), d.model or ""))

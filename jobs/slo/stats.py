@@ -25,6 +25,7 @@ import orjson
 import redis
 
 from jobs.core import redis_keys
+from jobs.core.lanes import ALL_LANES
 
 log = logging.getLogger("inferq.stats")
 
@@ -36,7 +37,7 @@ RETENTION_S = 2 * 3600
 SUMMARY_WINDOWS = (300, 3600)
 PREFIX = redis_keys.STATS
 SERIES = PREFIX + "series"  # {json [metric, lane, model]: the last minute written}
-LANE_ORDER = ("realtime", "jobs", "batch", "flex", "control")
+LANE_ORDER = ALL_LANES
 
 _INDEX = {f: i for i, f in enumerate(FIELDS)}
 Key = tuple[str, str, str, int, int]  # metric, lane, model, minute, bucket

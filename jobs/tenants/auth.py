@@ -10,9 +10,10 @@ from typing import NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobs.core.access_tables import AdminKey, ApiKey
 from jobs.core.context import Context
 from jobs.core.errors import PermissionDenied, Unauthorized
-from jobs.core.schema import AdminKey, ApiKey, Tenant, new_id, now
+from jobs.core.schema import Tenant, new_id, now
 from jobs.tenants import queries as tenant_queries
 
 KEY_PREFIX = "iq-"

@@ -17,9 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobs.core.access_tables import ApiKey, RateLimit, ServiceAccount
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound, shown
-from jobs.core.schema import ApiKey, RateLimit, ServiceAccount, Tenant, new_id, now
+from jobs.core.schema import Tenant, new_id, now
 from jobs.fleet import registry
 from jobs.tenants import limits
 from jobs.tenants import queries as tenant_queries

@@ -8,14 +8,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from jobs.core.access_tables import AdminKey, ApiKey, RateLimit, ServiceAccount
 from jobs.core.errors import InvalidRequest
-from jobs.core.schema import (
-    AdminKey,
-    ApiKey,
-    RateLimit,
-    ServiceAccount,
-    Tenant,
-)
+from jobs.core.schema import Tenant
 
 
 def tenant_for_key_hash(s: Session, key_hash: str) -> str | None:

@@ -32,12 +32,12 @@ from sqlalchemy.orm import Session
 
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest
+from jobs.core.lanes import FLEX_TIER, tier_of
 from jobs.core.schema import UsageRecord
 from jobs.core.settings import Settings
-from jobs.protocol.requests import EMBEDDINGS
+from jobs.protocol.endpoints import EMBEDDINGS
 
 COMPLETIONS, EMBEDDINGS_KIND = "completions", "embeddings"
-REALTIME, JOBS, BATCH, FLEX = "realtime", "jobs", "batch", "flex"
 
 
 def kind_of(endpoint: str) -> str:
@@ -61,7 +61,7 @@ def split(seconds: float, weights: Sequence[int]) -> list[float]:
 def price_per_hour(settings: Settings, model: str, service_tier: str) -> float:
     """USD per accelerator-hour of ``model`` on ``service_tier``."""
     base = settings.usage_model_prices.get(model, settings.usage_price_per_accelerator_hour)
-    return base * (settings.usage_flex_multiplier if service_tier == FLEX else 1.0)
+    return base * (settings.usage_flex_multiplier if service_tier == FLEX_TIER else 1.0)
 
 
 def cost(settings: Settings, model: str, service_tier: str, seconds: float) -> float:
@@ -92,7 +92,7 @@ def entry(settings: Settings, *, source: str, tenant_id: str, api_key_id: str | 
           batch_id: str | None = None, num_requests: int = 1, input_tokens: int = 0,
           output_tokens: int = 0, accelerator_seconds: float = 0.0) -> Entry:
     """An entry priced now: cost = seconds x the model's and tier's price."""
-    tier = FLEX if service_tier == FLEX else "default"
+    tier = tier_of(service_tier)
     return Entry(source, tenant_id, api_key_id, kind, model, lane, tier, batch_id,
                  num_requests, input_tokens, output_tokens, accelerator_seconds,
                  cost(settings, model, tier, accelerator_seconds))

@@ -39,17 +39,17 @@ from sqlalchemy import Table, bindparam, func, select, update
 
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, shown
-from jobs.core.schema import (
+from jobs.core.schema import new_id, now
+from jobs.core.status import DeliveryStatus
+from jobs.core.webhook_tables import (
     WebhookAttempt,
     WebhookCallbackSecret,
     WebhookDelivery,
     WebhookEndpoint,
     WebhookEvent,
-    new_id,
-    now,
 )
-from jobs.core.status import DeliveryStatus
 from jobs.webhooks import events as webhooks
+from jobs.webhooks import signing
 from storage import outbound
 from storage.db import Listener
 
@@ -163,7 +163,7 @@ def claim(ctx: Context, limit: int) -> list[Claimed]:
         if target is None or url is None:
             continue  # its endpoint went (the row with it) or no secret to sign with
         out.append(Claimed(r.id, token, r.attempts, url, bodies[r.event_id].encode(),
-                           tuple(webhooks.active_secrets(target)), r.give_up_at))
+                           tuple(signing.active_secrets(target)), r.give_up_at))
     return out
 
 
@@ -185,7 +185,7 @@ def send(ctx: Context, c: Claimed) -> Outcome:
     started = time.time()
     t0 = time.monotonic()
     try:
-        return post(ctx, c.url, c.body, webhooks.signed_headers(c.id, c.body, list(c.keys)))
+        return post(ctx, c.url, c.body, signing.signed_headers(c.id, c.body, list(c.keys)))
     except outbound.OutboundRefused as e:
         status, error = None, f"refused: {e}"
     except Exception as e:  # noqa: BLE001 - an attempt that failed in a way we did not foresee
@@ -204,7 +204,7 @@ def send_test(ctx: Context, e: WebhookEndpoint, event_type: str) -> Outcome:
     event_id = new_id("evt_")
     subject = ("batch_" if event_type.startswith("batch.") else "job_") + "test"
     body = webhooks.event_body(event_id, event_type, subject, now()).encode()
-    headers = webhooks.signed_headers(new_id("wh_"), body, webhooks.active_secrets(e))
+    headers = signing.signed_headers(new_id("wh_"), body, signing.active_secrets(e))
     try:
         return post(ctx, e.url, body, headers)
     except outbound.OutboundRefused as err:

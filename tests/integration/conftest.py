@@ -90,7 +90,7 @@ def fvllm_tiny(fstack, fctx, tmp_path_factory) -> str:  # type: ignore[no-untype
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from jobs.fleet import folders, registry
+    from jobs.fleet import own_models, registry
     from workers.models.cache import tokenizer_dir
 
     name = "tiny-llama-vllm"
@@ -108,5 +108,5 @@ def fvllm_tiny(fstack, fctx, tmp_path_factory) -> str:  # type: ignore[no-untype
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id)).save_pretrained(str(path))
-    folders.add(fctx, name, str(path), "chat", engine="vllm")
+    own_models.add(fctx, name, str(path), "chat", engine="vllm")
     return name

@@ -16,8 +16,9 @@ from openai import OpenAI
 from sqlalchemy import select, update
 from werkzeug.serving import make_server
 
+from jobs.core.access_tables import ApiKey, RateLimit
 from jobs.core.context import Context
-from jobs.core.schema import ApiKey, RateLimit, Tenant
+from jobs.core.schema import Tenant
 from jobs.core.settings import Settings
 from jobs.tenants import auth
 

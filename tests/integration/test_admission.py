@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import heartbeats, registry
-from jobs.slo import admission
+from jobs.fleet import builtin_models, heartbeats
+from jobs.slo import admission, queueing
 from jobs.tenants import auth
 
 MODEL = "all-MiniLM-L6-v2"
@@ -55,7 +55,7 @@ def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
                                          "realtime_slo_percentile": 0.99,
                                          "admission_window_s": 30})
     ctx = Context(st)
-    registry.register_builtin_models(ctx)
+    builtin_models.register_builtin_models(ctx)
     _, key = auth.create_tenant(ctx, "admission")
     r = redis_lib.Redis.from_url(st.redis_url)
     beat(r, service_info=SERVICE)
@@ -202,9 +202,9 @@ def test_desired_workers_on_metrics(env) -> None:  # type: ignore[no-untyped-def
     fam = scrape(app)["inferq_desired_workers"]
     got = {s.labels["lane"]: s.value for s in fam}
     lam = admission.lane_state(r, MODEL, 30).rate
-    want = admission.servers_needed(lam, 20.0, 0.45, 0.99)
+    want = queueing.servers_needed(lam, 20.0, 0.45, 0.99)
     assert got == {"realtime": want, "batch": 0, "flex": 0} and want >= 3  # no batches
-    assert admission.wait_percentile(0.99, want, lam, 20.0) <= 0.45
+    assert queueing.wait_percentile(0.99, want, lam, 20.0) <= 0.45
 
 
 def run_cli(args: list[str], settings: Settings, **env: str) -> Any:
@@ -220,9 +220,9 @@ def test_capacity_with_a_given_service_time(env) -> None:  # type: ignore[no-unt
                    "--service-time", "0.04"], env["settings"])
     assert res.exit_code == 0, res.output
     assert "workers needed: 2 " in res.output
-    p99 = admission.wait_percentile(0.99, 2, 40, 25)
+    p99 = queueing.wait_percentile(0.99, 2, 40, 25)
     assert f"p99 {p99:.3f} s" in res.output
-    assert math.isinf(admission.wait_percentile(0.99, 1, 40, 25))  # 1 worker: unstable
+    assert math.isinf(queueing.wait_percentile(0.99, 1, 40, 25))  # 1 worker: unstable
 
 
 def test_capacity_with_the_spread_of_service_times(env) -> None:  # type: ignore[no-untyped-def]
@@ -232,13 +232,13 @@ def test_capacity_with_the_spread_of_service_times(env) -> None:  # type: ignore
     exp = run_cli(args, env["settings"])
     low = run_cli([*args, "--service-scv", "0.1"], env["settings"])
     assert exp.exit_code == 0 and low.exit_code == 0, (exp.output, low.output)
-    want_exp = admission.servers_needed(60, 25, 0.06, 0.99)
-    want_low = admission.servers_needed(60, 25, 0.06, 0.99, scv=0.1)
+    want_exp = queueing.servers_needed(60, 25, 0.06, 0.99)
+    want_low = queueing.servers_needed(60, 25, 0.06, 0.99, scv=0.1)
     assert want_low < want_exp
     assert f"workers needed: {want_exp} " in exp.output
     assert f"workers needed: {want_low} " in low.output
     assert "squared coefficient of variation 0.10" in low.output
-    p99 = admission.wait_percentile(0.99, want_low, 60, 25, 0.1)
+    p99 = queueing.wait_percentile(0.99, want_low, 60, 25, 0.1)
     assert f"p99 {p99:.3f} s" in low.output
 
 
@@ -247,7 +247,7 @@ def test_capacity_from_the_live_workers(env) -> None:  # type: ignore[no-untyped
     res = run_cli(["capacity", "--lane", "realtime", "--rate", "40", "--slo", "0.45"], st,
                   INFERQ_REDIS_URL=st.redis_url)
     assert res.exit_code == 0, res.output
-    want = admission.servers_needed(40, 20.0, 0.45, 0.99)
+    want = queueing.servers_needed(40, 20.0, 0.45, 0.99)
     assert "measured by 1 live worker(s)" in res.output and "50.00 ms per request" in res.output
     assert f"workers needed: {want} " in res.output
 

@@ -74,7 +74,7 @@ class Flaky:
 def test_object_store_5xx_is_retried_then_gives_up(s3_endpoint: str) -> None:
     import boto3
 
-    from storage.objects import S3Store
+    from storage.s3_store import S3Store
 
     real = boto3.client("s3", endpoint_url=s3_endpoint)
     prefix = f"flaky-{secrets.token_hex(4)}"

@@ -15,7 +15,7 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.slo import admission, backlog
+from jobs.slo import backlog, scaling
 from jobs.tenants import auth
 
 MODEL = "all-MiniLM-L6-v2"
@@ -157,7 +157,7 @@ def test_the_batch_lanes_are_left_out_while_the_database_is_away(bctx: Context) 
     away = Context(bctx.settings.model_copy(update={
         "database_url": "postgresql+psycopg://nobody@127.0.0.1:1/none"}))
     try:
-        collector = admission.collector(away)
+        collector = scaling.collector(away)
         samples = [(s.labels["lane"], s.value) for fam in collector.collect()
                    for s in fam.samples]
     finally:

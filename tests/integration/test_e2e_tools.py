@@ -28,7 +28,7 @@ from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from jobs.core.context import Context
-from jobs.fleet import folders, registry
+from jobs.fleet import own_models, registry
 from tests.integration.helpers import jsonl, lines, served, upload, wait
 from tests.unit.test_tools import HERMES, SCHEMAS, TOOLS
 
@@ -75,7 +75,7 @@ def model(request: pytest.FixtureRequest, stack: Any, sdk: Any, tool_llama: Path
     name = f"tools-{request.param}-{SFX}"
     ctx = Context(stack.settings)
     try:
-        added = folders.add(ctx, name, str(tool_llama), "chat", engine=request.param)
+        added = own_models.add(ctx, name, str(tool_llama), "chat", engine=request.param)
         assert added.model.tools is True
     finally:
         ctx.close()

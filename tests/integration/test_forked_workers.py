@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.stack import ROOT, ForkedChild, Stack
+from cli.forked_child import ForkedChild
+from cli.stack import ROOT, Stack
 from jobs.core.settings import Settings
 
 PROBE = [sys.executable, "-m", "tests.integration.forked_probe"]

@@ -22,8 +22,8 @@ from jobs.batches import progress, service
 from jobs.core.context import Context
 from jobs.core.schema import Batch
 from jobs.core.settings import Settings
-from jobs.fleet import registry
-from jobs.protocol.requests import BatchCreate
+from jobs.fleet import builtin_models
+from jobs.protocol.batch import BatchCreate
 from jobs.tenants import auth
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, upload
@@ -47,7 +47,7 @@ def edge(settings: Settings, pg_admin_url: str, redis_dbs: RedisDatabases, s3_en
         try:
             stack.start(workers=False)
             ctx = Context(st)
-            registry.register_builtin_models(ctx)
+            builtin_models.register_builtin_models(ctx)
             keys = [auth.create_tenant(ctx, f"edge-{i}")[1] for i in range(2)]
             yield stack, keys
         finally:

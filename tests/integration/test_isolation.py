@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from jobs.core.context import Context
-from jobs.core.schema import Upload, UploadPart
+from jobs.core.upload_tables import Upload, UploadPart
 from jobs.tenants import auth
 from jobs.tenants import projects as tenants
 from jobs.webhooks import events as webhooks

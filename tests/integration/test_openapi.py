@@ -26,8 +26,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.routes.openapi import _ARG, MEDIA, OK
-from jobs.fleet import registry
+from api.routes.openapi import _ARG
+from api.routes.openapi_views import MEDIA, OK
+from jobs.fleet import builtin_models, registry
 from jobs.tenants import auth
 from tests.conftest import fresh_database
 
@@ -52,7 +53,7 @@ def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # typ
             "object_store_url": f"{settings.object_store_url}-openapi-{secrets.token_hex(3)}"})
         app = create_app(st)
         ctx = app.extensions["inferq"]
-        registry.register_builtin_models(ctx)
+        builtin_models.register_builtin_models(ctx)
         # a chat model in the registry only (no files, no worker): requests for it are
         # valid and reach the point where no worker serves them
         registry.register(ctx, CHAT_MODEL, "1", registry.CHAT_KIND, "test", [], 2048)

@@ -31,7 +31,7 @@ from sqlalchemy import delete, update
 
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Job, Model, Tenant
-from jobs.fleet import catalog, registry
+from jobs.fleet import catalog, publishing, registry
 from jobs.fleet.heartbeats import live_workers
 from jobs.tenants import auth
 from storage import keys
@@ -296,7 +296,7 @@ def test_add_from_an_object_store_uri_and_the_admin_api(fstack: Any,
     assert out[0].startswith(f"{S3M}: version a registered (embeddings")
     m = registry.get(ctx, S3M, "a")
     assert m is not None and m.source == f"s3://{BUCKET}/{prefix}" and m.is_default
-    local = {p.relative_to(own["bert"]).as_posix(): registry.sha256_file(p)
+    local = {p.relative_to(own["bert"]).as_posix(): publishing.sha256_file(p)
              for p in own["bert"].rglob("*") if p.is_file()}
     assert {f["path"]: f["sha256"] for f in m.files} == local
 

@@ -19,16 +19,8 @@ from sqlalchemy import func, select, update
 
 from jobs.batches import finalize, janitor, retention
 from jobs.core.context import Context
-from jobs.core.schema import (
-    Batch,
-    File,
-    IdempotencyKey,
-    UsageRecord,
-    WebhookDelivery,
-    WebhookEvent,
-    new_id,
-    now,
-)
+from jobs.core.schema import Batch, File, IdempotencyKey, UsageRecord, new_id, now
+from jobs.core.webhook_tables import WebhookDelivery, WebhookEvent
 from storage import keys
 from tests.integration.helpers import emb_line, jsonl
 from tests.integration.test_uploads import MODEL, error, sdk, world  # noqa: F401 - fixture

@@ -19,7 +19,7 @@ from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import heartbeats, shadow
-from jobs.protocol.requests import CHAT
+from jobs.protocol.endpoints import CHAT
 from jobs.realtime import shadow as mirror
 
 MODEL = "shadowed-chat"

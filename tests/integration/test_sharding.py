@@ -651,8 +651,10 @@ def test_responses_lines_and_rows_are_sharded_as_their_bodies(ctx: Context) -> N
     """/v1/responses: a chat model's; a line's body as its schema reads it, its length
     and upper-bound tokens those of the chat request it runs as; a Parquet ``input``
     column of text under the batch's defaults; a refused parameter is its error line."""
-    from jobs.protocol.requests import CHAT, RESPONSES, chat_body, parse_responses
-    from jobs.tenants.limits import prompt_tokens
+    from jobs.protocol.endpoints import CHAT, RESPONSES
+    from jobs.protocol.parsing import parse_responses
+    from jobs.protocol.responses_request import chat_body
+    from jobs.tenants.token_counts import prompt_tokens
 
     def rline(i: str, **body: Any) -> dict[str, Any]:
         return {"custom_id": i, "method": "POST", "url": RESPONSES, "body": body}

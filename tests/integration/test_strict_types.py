@@ -16,7 +16,7 @@ from sqlalchemy import select
 from jobs.core.context import Context
 from jobs.core.schema import Job
 from jobs.core.settings import Settings
-from jobs.fleet import registry
+from jobs.fleet import builtin_models, registry
 from jobs.tenants import auth
 
 EMB_MODEL, CHAT_MODEL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
@@ -83,7 +83,7 @@ PROJECT_CASES: list[tuple[str, Any, str]] = [
 @pytest.fixture
 def project(app: Any, ctx: Context) -> Any:
     """A client of a project of its own (a rotated callback secret stays its own)."""
-    registry.register_builtin_models(ctx)
+    builtin_models.register_builtin_models(ctx)
     key = auth.create_tenant(ctx, f"strict-{secrets.token_hex(3)}")[1]
     c = app.test_client()
     c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
@@ -137,7 +137,7 @@ ADMIN_CASES: list[tuple[str, Any, str]] = [
                          ids=[f"{p} {x} {i}" for i, (p, _, x) in enumerate(ADMIN_CASES)])
 def test_the_admin_api_refuses_them_too(app: Any, ctx: Context, admin_key: str, path: str,
                                         body: Any, param: str) -> None:
-    registry.register_builtin_models(ctx)
+    builtin_models.register_builtin_models(ctx)
     c = app.test_client()
     c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {admin_key}"
     project_id = c.post("/v1/organization/projects",
@@ -153,7 +153,7 @@ def test_the_values_clients_send_still_pass(own_settings: Settings) -> None:
 
     ctx = Context(own_settings)
     try:
-        registry.register_builtin_models(ctx)
+        builtin_models.register_builtin_models(ctx)
         # a registry row is all validation needs: no worker runs these jobs
         files = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
         registry.register(ctx, CHAT_MODEL, "1", "chat", "test", files, 256)

@@ -19,14 +19,14 @@ import pytest
 
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import janitor
-from jobs.core import redis_keys
+from jobs.core import redis_keys, refs
 from jobs.core.context import Context
 from jobs.core.errors import InferqError, ModelNotLoaded
 from jobs.core.schema import Model
 from jobs.core.settings import Settings
 from jobs.core.status import JobStatus
 from jobs.fleet import heartbeats, placement, registry
-from jobs.protocol.requests import CHAT
+from jobs.protocol.endpoints import CHAT
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
 from jobs.tenants import auth
@@ -96,7 +96,7 @@ def until(check: Callable[[], Any], timeout: float = 30) -> Any:
 
 def test_a_job_pushed_while_no_jobs_worker_was_live_fails_once_one_is(
         pctx: Context, tenant: str) -> None:
-    ref = registry.ref(EMBEDDER, "1")
+    ref = refs.model_ref(EMBEDDER, "1")
     job = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "hi"})
     # No jobs worker is live (its heartbeat is late): the job waits on its version's list.
     assert pctx.redis.lrange(redis_keys.jobs_queue(ref), 0, -1) == [job.id.encode()]
@@ -121,7 +121,7 @@ def test_a_job_pushed_while_no_jobs_worker_was_live_fails_once_one_is(
 
 def test_a_job_pushed_as_its_load_failed_goes_where_it_is_refused(
         pctx: Context, tenant: str) -> None:
-    ref = registry.ref(EMBEDDER, "1")
+    ref = refs.model_ref(EMBEDDER, "1")
     w = Worker(pctx, "host:w", ["jobs"])
     w.beat()
     first = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "a"})
@@ -143,7 +143,7 @@ def test_a_job_pushed_as_its_load_failed_goes_where_it_is_refused(
 
 def test_a_job_left_on_the_list_of_a_version_whose_load_failed_is_refused(
         pctx: Context, tenant: str) -> None:
-    ref = registry.ref(EMBEDDER, "1")
+    ref = refs.model_ref(EMBEDDER, "1")
     job = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "a"})
     w = Worker(pctx, "host:w", ["jobs"])
     w.beat()
@@ -158,7 +158,7 @@ def test_a_job_left_on_the_list_of_a_version_whose_load_failed_is_refused(
 
 def test_a_job_placed_on_a_worker_that_died_is_placed_again(pctx: Context,
                                                             tenant: str) -> None:
-    ref = registry.ref(EMBEDDER, "1")
+    ref = refs.model_ref(EMBEDDER, "1")
     a, b = Worker(pctx, "host:a", ["jobs"]), Worker(pctx, "host:b", ["jobs"])
     a.beat()
     job = asyncjobs.create(pctx, tenant, "/v1/embeddings", {"model": EMBEDDER, "input": "a"})
@@ -206,7 +206,7 @@ def refused(e: Any) -> None:
 
 
 def test_a_realtime_request_sent_as_its_load_failed_gets_the_error(pctx: Context) -> None:
-    ref = registry.ref(EMBEDDER, "1")
+    ref = refs.model_ref(EMBEDDER, "1")
     w = Worker(pctx, "host:rt", ["realtime"])
     w.beat()
     place = placer(pctx)
@@ -230,7 +230,7 @@ def test_a_realtime_request_sent_as_its_load_failed_gets_the_error(pctx: Context
 
 def test_a_realtime_request_placed_on_a_worker_that_died_is_placed_again(
         pctx: Context) -> None:
-    ref = registry.ref(TALKER, "1")
+    ref = refs.model_ref(TALKER, "1")
     a, b = Worker(pctx, "host:a", ["realtime"]), Worker(pctx, "host:b", ["realtime"])
     a.beat()
     b.beat()

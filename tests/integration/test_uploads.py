@@ -23,7 +23,8 @@ from sqlalchemy import func, select, update
 
 from jobs.batches import janitor, uploads
 from jobs.core.context import Context
-from jobs.core.schema import File, Upload, UploadPart, now
+from jobs.core.schema import File, now
+from jobs.core.upload_tables import Upload, UploadPart
 from jobs.fleet import registry
 from jobs.tenants import auth
 from storage import keys

@@ -21,7 +21,7 @@ from openai import OpenAI
 from sqlalchemy import select
 
 from jobs.core.context import Context
-from jobs.core.schema import WebhookAttempt, WebhookDelivery, WebhookEvent
+from jobs.core.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEvent
 from storage.embedded import EmbeddedRedis
 from tests.conftest import AWS_ENV, free_port
 from tests.integration.helpers import jsonl, wait
@@ -71,7 +71,7 @@ def kill_control(stack: Any) -> None:
 
 
 def start_control(stack: Any) -> None:
-    from cli.stack import worker_command
+    from cli.command_lines import worker_command
 
     stack.spawn("worker-control", worker_command("control", "control"), INFERQ_LANES="control")
 

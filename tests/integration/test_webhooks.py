@@ -29,7 +29,8 @@ from sqlalchemy import select, update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.core.context import Context
-from jobs.core.schema import Batch, WebhookAttempt, WebhookDelivery, WebhookEvent
+from jobs.core.schema import Batch
+from jobs.core.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEvent
 from jobs.tenants import auth
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
 from tests.integration.helpers import emb_line, jsonl, wait

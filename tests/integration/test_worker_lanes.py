@@ -22,8 +22,8 @@ from jobs.core.context import Context
 from jobs.core.errors import InferqError
 from jobs.core.schema import Job, new_id, now
 from jobs.core.settings import Settings
-from jobs.fleet import heartbeats, registry
-from jobs.protocol.requests import CHAT, EMBEDDINGS
+from jobs.fleet import builtin_models, heartbeats
+from jobs.protocol.endpoints import CHAT, EMBEDDINGS
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
 from jobs.tenants import auth
@@ -178,7 +178,7 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 @pytest.fixture
 def tenant(jctx: Context) -> str:
-    registry.register_builtin_models(jctx)
+    builtin_models.register_builtin_models(jctx)
     return auth.authenticate(jctx, auth.create_tenant(jctx, "lanes")[1]).tenant_id
 
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from jobs.slo import admission as adm
+from jobs.slo import queueing, service_rates
 
 
 @pytest.mark.parametrize(("c", "a", "expected"), [
@@ -18,50 +18,51 @@ from jobs.slo import admission as adm
     (10, 8.0, 0.4092),
 ])
 def test_erlang_c_matches_tables(c: int, a: float, expected: float) -> None:
-    assert adm.erlang_c(c, a) == pytest.approx(expected, abs=5e-4)
+    assert queueing.erlang_c(c, a) == pytest.approx(expected, abs=5e-4)
 
 
 @pytest.mark.parametrize(("c", "a"), [(3, 2.0), (20, 15.0), (50, 45.0), (7, 0.3)])
 def test_erlang_c_matches_the_direct_formula(c: int, a: float) -> None:
     top = a ** c / math.factorial(c) * c / (c - a)
     direct = top / (sum(a ** k / math.factorial(k) for k in range(c)) + top)
-    assert adm.erlang_c(c, a) == pytest.approx(direct, rel=1e-9)
+    assert queueing.erlang_c(c, a) == pytest.approx(direct, rel=1e-9)
 
 
 def test_erlang_c_edges() -> None:
-    assert adm.erlang_c(3, 0.0) == 0.0
-    assert adm.erlang_c(3, 3.0) == 1.0  # not stable: everyone waits
-    assert adm.erlang_c(0, 1.0) == 1.0
+    assert queueing.erlang_c(3, 0.0) == 0.0
+    assert queueing.erlang_c(3, 3.0) == 1.0  # not stable: everyone waits
+    assert queueing.erlang_c(0, 1.0) == 1.0
 
 
 def test_mm1_tail_and_percentile_closed_form() -> None:
     lam, mu = 8.0, 10.0  # ρ = 0.8: P(W > t) = ρ e^{-(μ-λ)t}
-    assert adm.wait_tail(0.5, 1, lam, mu) == pytest.approx(0.8 * math.exp(-1.0))
-    assert adm.wait_percentile(0.99, 1, lam, mu) == pytest.approx(math.log(80) / 2)
-    assert adm.wait_percentile(0.5, 1, lam, mu) == pytest.approx(math.log(1.6) / 2)
-    assert adm.wait_percentile(0.1, 1, lam, mu) == 0.0  # 20 % never wait
-    assert adm.wait_percentile(0.99, 1, 10.0, mu) == math.inf
-    assert adm.mean_wait(1, lam, mu) == pytest.approx(0.8 / 2)
+    assert queueing.wait_tail(0.5, 1, lam, mu) == pytest.approx(0.8 * math.exp(-1.0))
+    assert queueing.wait_percentile(0.99, 1, lam, mu) == pytest.approx(math.log(80) / 2)
+    assert queueing.wait_percentile(0.5, 1, lam, mu) == pytest.approx(math.log(1.6) / 2)
+    assert queueing.wait_percentile(0.1, 1, lam, mu) == 0.0  # 20 % never wait
+    assert queueing.wait_percentile(0.99, 1, 10.0, mu) == math.inf
+    assert queueing.mean_wait(1, lam, mu) == pytest.approx(0.8 / 2)
 
 
 def test_percentiles_grow_with_load_and_shrink_with_servers() -> None:
     mu = 5.0
     for c in (1, 2, 4, 8):
-        ws = [adm.wait_percentile(0.99, c, rho * c * mu, mu) for rho in (0.3, 0.5, 0.7, 0.9, 0.99)]
+        ws = [queueing.wait_percentile(0.99, c, rho * c * mu, mu)
+              for rho in (0.3, 0.5, 0.7, 0.9, 0.99)]
         assert ws == sorted(ws) and ws[-1] > ws[0]
-        ps = [adm.wait_percentile(p, c, 0.9 * c * mu, mu) for p in (0.5, 0.9, 0.99, 0.999)]
+        ps = [queueing.wait_percentile(p, c, 0.9 * c * mu, mu) for p in (0.5, 0.9, 0.99, 0.999)]
         assert ps == sorted(ps)
     lam = 18.0
-    by_c = [adm.wait_percentile(0.99, c, lam, mu) for c in range(4, 10)]
+    by_c = [queueing.wait_percentile(0.99, c, lam, mu) for c in range(4, 10)]
     assert by_c == sorted(by_c, reverse=True) and by_c[0] > by_c[-1]
 
 
 def test_servers_needed_is_the_smallest_that_fits() -> None:
     lam, mu, slo = 50.0, 10.0, 0.2
-    c = adm.servers_needed(lam, mu, slo, 0.99)
-    assert adm.wait_percentile(0.99, c, lam, mu) <= slo
-    assert adm.wait_percentile(0.99, c - 1, lam, mu) > slo
-    assert adm.servers_needed(0.1, 10.0, 1.0, 0.99) == 1
+    c = queueing.servers_needed(lam, mu, slo, 0.99)
+    assert queueing.wait_percentile(0.99, c, lam, mu) <= slo
+    assert queueing.wait_percentile(0.99, c - 1, lam, mu) > slo
+    assert queueing.servers_needed(0.1, 10.0, 1.0, 0.99) == 1
 
 
 def gamma_sf(k: int, x: float) -> float:
@@ -76,9 +77,9 @@ def gamma_sf(k: int, x: float) -> float:
 @pytest.mark.parametrize("k", [1, 2, 5, 20, 60])
 def test_wait_given_state_is_the_erlang_percentile(k: int) -> None:
     c, mu, p = 2, 3.0, 0.99
-    t = adm.wait_given(c - 1 + k, c, mu, p)  # k departures ahead at rate cμ
+    t = queueing.wait_given(c - 1 + k, c, mu, p)  # k departures ahead at rate cμ
     assert gamma_sf(k, c * mu * t) == pytest.approx(1 - p, rel=1e-6)
-    assert adm.wait_given(c - 1, c, mu, p) == 0.0  # a free server
+    assert queueing.wait_given(c - 1, c, mu, p) == 0.0  # a free server
 
 
 def test_state_given_wait_averages_to_erlang_c() -> None:
@@ -90,22 +91,22 @@ def test_state_given_wait_averages_to_erlang_c() -> None:
                a ** c / math.factorial(c) * (a / c) ** (n - c) for n in range(300)]
     z = sum(weights)
     avg = sum(w / z * gamma_sf(n - c + 1, c * mu * t) for n, w in enumerate(weights) if n >= c)
-    assert avg == pytest.approx(adm.wait_tail(t, c, lam, mu), rel=1e-6)
+    assert avg == pytest.approx(queueing.wait_tail(t, c, lam, mu), rel=1e-6)
 
 
 def test_admissible_and_retry_after() -> None:
     c, mu, budget, p = 1, 100.0, 0.5, 0.99
-    n_max = adm.admissible(c, mu, budget, p)
-    assert adm.wait_given(n_max, c, mu, p) <= budget < adm.wait_given(n_max + 1, c, mu, p)
-    assert adm.admissible(2, mu, 0.0, p) == 1  # no time to wait: only a free server
-    assert adm.retry_after_s(n_max + 1, c, mu, budget, p) == 1  # at least 1 s
+    n_max = queueing.admissible(c, mu, budget, p)
+    assert queueing.wait_given(n_max, c, mu, p) <= budget < queueing.wait_given(n_max + 1, c, mu, p)
+    assert queueing.admissible(2, mu, 0.0, p) == 1  # no time to wait: only a free server
+    assert queueing.retry_after_s(n_max + 1, c, mu, budget, p) == 1  # at least 1 s
     # 1,000 too many at 100/s: 10 s to drain
-    assert adm.retry_after_s(n_max + 1000, c, mu, budget, p) == 10
-    assert adm.retry_after_s(n_max + 1000, 4, mu, budget, p) < 10  # more servers, sooner
+    assert queueing.retry_after_s(n_max + 1000, c, mu, budget, p) == 10
+    assert queueing.retry_after_s(n_max + 1000, 4, mu, budget, p) < 10  # more servers, sooner
 
 
 def test_service_meter_reports_rate_per_busy_second() -> None:
-    m = adm.ServiceMeter(window_s=60)
+    m = service_rates.ServiceMeter(window_s=60)
     for _ in range(10):
         m.record("e", 0.02, 0.05)
     m.record("g", 2.0, 0.1, servers=64)
@@ -113,17 +114,17 @@ def test_service_meter_reports_rate_per_busy_second() -> None:
     assert snap["e"]["rate"] == pytest.approx(50.0) and snap["e"]["requests"] == 10
     assert snap["e"]["first_s"] == pytest.approx(0.05) and snap["e"]["servers"] == 1
     assert snap["g"]["servers"] == 64 and snap["g"]["rate"] == pytest.approx(0.5)
-    assert adm.ServiceMeter(window_s=60).snapshot() == {}
+    assert service_rates.ServiceMeter(window_s=60).snapshot() == {}
 
 
 def test_servers_of_heartbeats() -> None:
     hb = [{"service": {"e": {"rate": 40.0, "servers": 1, "first_s": 0.02, "requests": 30}}},
           {"service": {"e": {"rate": 60.0, "servers": 1, "first_s": 0.04, "requests": 10}}},
           {"service": {}}]
-    v = adm.servers_of(hb, "e")
+    v = service_rates.servers_of(hb, "e")
     assert v.workers == 3 and v.c == 3
     assert v.mu == pytest.approx(45.0) and v.first_s == pytest.approx(0.025)
-    assert adm.servers_of(hb, "other").mu is None
+    assert service_rates.servers_of(hb, "other").mu is None
 
 
 def test_a_stream_reports_the_row_it_held_and_its_first_step() -> None:
@@ -135,12 +136,12 @@ def test_a_stream_reports_the_row_it_held_and_its_first_step() -> None:
 
     import redis
 
-    from workers.engines.generation import FinishReason, Usage
-    from workers.lanes.realtime import ServicedSink
+    from workers.engines.sinks import FinishReason, Usage
+    from workers.lanes.realtime_sinks import ServicedSink
     from workers.lanes.streams import CancelListener, Publisher
 
     r = redis.Redis(host="127.0.0.1", port=1)  # never connected: nothing is sent
-    meter = adm.ServiceMeter(window_s=60)
+    meter = service_rates.ServiceMeter(window_s=60)
     msg = {"id": "req_1", "kind": "/v1/chat/completions", "body": {"model": "chat"}}
     sink = ServicedSink(Publisher(r), msg, CancelListener(r), None, meter)
     sink.servers = 64
@@ -158,12 +159,12 @@ def test_a_stream_reports_the_row_it_held_and_its_first_step() -> None:
 def test_a_stream_whose_client_left_reports_what_it_held() -> None:
     import redis
 
-    from workers.engines.generation import Usage
-    from workers.lanes.realtime import ServicedSink
+    from workers.engines.sinks import Usage
+    from workers.lanes.realtime_sinks import ServicedSink
     from workers.lanes.streams import CancelListener, Publisher
 
     r = redis.Redis(host="127.0.0.1", port=1)
-    meter = adm.ServiceMeter(window_s=60)
+    meter = service_rates.ServiceMeter(window_s=60)
     msg = {"id": "req_2", "kind": "/v1/chat/completions", "body": {"model": "chat"}}
     sink = ServicedSink(Publisher(r), msg, CancelListener(r), None, meter)
     sink.abandoned(Usage(3, 0, 1))  # never started: it held no row
@@ -202,18 +203,18 @@ def test_the_model_predicts_a_simulated_queues_p99_wait(c: int, rho: float,
     p99 wait for service times less variable than exponential and exponential ones;
     M/M/c (scv = 1 assumed) misses the less variable case."""
     measured = simulated_wait_p99(c, rho, scv)
-    predicted = adm.wait_percentile(0.99, c, rho * c, 1.0, scv)
+    predicted = queueing.wait_percentile(0.99, c, rho * c, 1.0, scv)
     assert predicted == pytest.approx(measured, rel=0.25)
     if scv < 1:
-        assert adm.wait_percentile(0.99, c, rho * c, 1.0) > 1.3 * measured
+        assert queueing.wait_percentile(0.99, c, rho * c, 1.0) > 1.3 * measured
 
 
 def test_service_meter_reports_the_spread_of_service_times() -> None:
-    m = adm.ServiceMeter(window_s=60)
+    m = service_rates.ServiceMeter(window_s=60)
     for busy in (0.01, 0.03) * 20:  # mean 0.02, standard deviation 0.01
         m.record("e", busy, 0.0)
     assert m.snapshot()["e"]["scv"] == pytest.approx(0.25)
     hb = [{"service": {"e": {"rate": 50.0, "servers": 1, "first_s": 0.0, "requests": 30,
                              "scv": 0.2}}},
           {"service": {"e": {"rate": 50.0, "servers": 1, "first_s": 0.0, "requests": 10}}}]
-    assert adm.servers_of(hb, "e").scv == pytest.approx((0.2 * 30 + 1.0 * 10) / 40)
+    assert service_rates.servers_of(hb, "e").scv == pytest.approx((0.2 * 30 + 1.0 * 10) / 40)

@@ -10,15 +10,10 @@ import pytest
 from jobs.core.errors import InvalidRequest
 from jobs.fleet import registry
 from jobs.fleet.catalog import Catalog, ModelInfo
-from jobs.protocol.requests import (
-    CHAT,
-    COMPLETIONS,
-    EMBEDDINGS,
-    BatchCreate,
-    parse_embeddings,
-    parse_generation,
-    parse_model,
-)
+from jobs.protocol.batch import BatchCreate
+from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+from jobs.protocol.parsing import parse_embeddings, parse_generation
+from jobs.protocol.validation import parse_model
 
 MODELS = Catalog([ModelInfo("emb-b", "embeddings"), ModelInfo("Emb-a", "embeddings"),
                   ModelInfo("talker", "chat")])

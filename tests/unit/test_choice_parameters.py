@@ -1,4 +1,4 @@
-"""The request parameters that shape choices (jobs.protocol.requests): n, best_of, echo, log
+"""The request parameters that shape choices (jobs.protocol.generation): n, best_of, echo, log
 probabilities, presence and frequency penalties and logit_bias are read within OpenAI's
 bounds, and a value outside them is a 400 naming its parameter."""
 
@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from jobs.core.errors import InvalidRequest
-from jobs.protocol.requests import CHAT, COMPLETIONS, ChatBody, CompletionBody, parse_generation
+from jobs.protocol.endpoints import CHAT, COMPLETIONS
+from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.parsing import parse_generation
 
 MINIMAL = {CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
            COMPLETIONS: {"model": "m", "prompt": "hi"}}

@@ -20,12 +20,14 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
-from jobs.protocol.requests import CHAT, COMPLETIONS
+from jobs.protocol.endpoints import CHAT, COMPLETIONS
 from jobs.protocol.shapes import ChunkWriter
-from workers.engines.generation import Collect, GenerationEngine, TokenTexts, Usage
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.prefix_cache import PrefixCache
 from workers.engines.request import GenRequest, build_request
 from workers.engines.responses import generation_body, top_count
+from workers.engines.sinks import Collect, Usage
+from workers.engines.token_texts import TokenTexts
 from workers.models.chat import ChatModel
 
 SMOL = "SmolLM2-135M-Instruct"
@@ -258,7 +260,7 @@ def streamed(engine: GenerationEngine, endpoint: str, body: dict[str, Any]
     ``choices`` events): the role chunk, each event's chunk, the usage."""
     import threading
 
-    from workers.lanes.realtime import MeteredSink
+    from workers.lanes.realtime_sinks import MeteredSink
 
     body = {"model": SMOL, **body}
     pub = FakePublisher()

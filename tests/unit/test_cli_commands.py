@@ -20,7 +20,8 @@ from click.testing import CliRunner, Result
 
 from cli.errors import user_message
 from cli.main import main
-from cli.stack import Interrupted, Stack, StackError, StopSignals, port_free
+from cli.stack import Stack, StackError, port_free
+from cli.stop_signals import Interrupted, StopSignals
 from jobs.core.settings import Settings
 from tests.conftest import free_port
 
@@ -281,7 +282,7 @@ def test_results_are_written_whole(run, api: str, tmp_path: Path) -> None:  # ty
 def test_a_download_cut_short_leaves_no_file(api: str, tmp_path: Path) -> None:
     import click
 
-    from cli.batches import download_all
+    from cli.results import download_all
 
     client = _client(api)
     with pytest.raises(click.ClickException, match="download of file-cut broke off"):
@@ -386,10 +387,10 @@ def test_watch_of_an_ended_stream_stops(run, events_api) -> None:  # type: ignor
 def test_watch_errors_are_one_line(run, events_api, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Drops in a row past RECONNECTS end the command with one line saying how to resume;
     an unreadable event and an API that is not there are one line too."""
-    import cli.batches
+    import cli.event_stream
 
     api, handler = events_api
-    monkeypatch.setattr(cli.batches, "RECONNECTS", 2)
+    monkeypatch.setattr(cli.event_stream, "RECONNECTS", 2)
     handler.parts = [[sse("0-0", "status", "validating", 0)], [], [], [], []]
     r = run("status", "batch_1", "--watch", "--api-url", api, "--api-key", "k")
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output

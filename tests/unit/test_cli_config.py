@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from cli import state
-from cli.batches import fitting_name, grouped_errors, parse_metadata
-from cli.stack import Stack, api_command
+from cli.batches import grouped_errors, parse_metadata
+from cli.command_lines import api_command
+from cli.results import fitting_name
+from cli.stack import Stack
 from jobs.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +46,9 @@ def test_api_keeps_connections_longer_than_clients() -> None:
     assert int(cmd[cmd.index("--keep-alive") + 1]) > 5  # httpx keeps idle connections 5 s
 
 
-def test_every_setting_is_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
-    listed = set(re.findall(r"`(INFERQ_[A-Z_0-9]+)`", readme))
+def test_every_setting_is_in_the_configuration_doc() -> None:
+    doc = (ROOT / "docs" / "CONFIGURATION.md").read_text()
+    listed = set(re.findall(r"`(INFERQ_[A-Z_0-9]+)`", doc))
     assert {f"INFERQ_{n.upper()}" for n in Settings.model_fields} - listed == set()
     assert {"INFERQ_API_URL", "INFERQ_API_KEY"} <= listed
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from jobs.batches.datasets import Manifest, RowForm, template_fields, text_hashes
+from jobs.batches.dataset_columns import text_hashes
+from jobs.batches.datasets import Manifest, RowForm, template_fields
 from jobs.core.errors import InvalidRequest
-from jobs.protocol.requests import CHAT, EMBEDDINGS, RESPONSES, DatasetInput
+from jobs.protocol.batch import DatasetInput
+from jobs.protocol.endpoints import CHAT, EMBEDDINGS, RESPONSES
 from storage import datasets as ds
 
 

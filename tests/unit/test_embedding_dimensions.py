@@ -10,7 +10,7 @@ import pytest
 
 from jobs.core.errors import InvalidRequest
 from jobs.fleet.catalog import Catalog, ModelInfo
-from jobs.protocol.requests import parse_embeddings
+from jobs.protocol.parsing import parse_embeddings
 from workers.models.embeddings import check_dimensions
 
 MODEL = "all-MiniLM-L6-v2"  # 384-dimensional

@@ -10,10 +10,11 @@ import threading
 import pytest
 import torch
 
-from workers.engines.generation import Collect, FinishReason, GenerationEngine
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.prefix_cache import PrefixCache
 from workers.engines.request import GenRequest
 from workers.engines.sampling import holdback, stop_at
+from workers.engines.sinks import Collect, FinishReason
 from workers.models.chat import ChatModel
 
 

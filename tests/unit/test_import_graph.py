@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "cli", "inferq", "jobs", "storage", "workers")
 # jobs/'s sub-packages, each importing only those before it (and itself).
-JOBS_LAYERS = ("core", "protocol", "fleet", "tenants", "webhooks", "realtime", "asyncjobs",
-               "batches", "slo")
+JOBS_LAYERS = ("core", "protocol", "fleet", "tenants", "webhooks", "asyncjobs", "batches", "slo",
+               "realtime")
 # What each top-level package may import of the others.
 ALLOWED = {
     "storage": {"storage"},

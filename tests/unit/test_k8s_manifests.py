@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cli.main import main as inferq
-from jobs.core.dispatch import MODEL_LANES, QUEUES
+from jobs.core.lanes import CELERY_LANES, MODEL_LANES
 from jobs.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ SECRET, CONFIG = "inferq-secrets", "inferq-config"
 # schemas kubernetes-validate has.
 OLDEST = "1.29.0"
 WORKLOADS = ("Deployment", "Job", "StatefulSet", "DaemonSet")
-LANES = set(MODEL_LANES) | set(QUEUES)
+LANES = set(MODEL_LANES) | set(CELERY_LANES)
 DESIRED = re.compile(r'^max\(inferq_desired_workers\{lane="(\w+)"\}\)$')
 
 

@@ -1,5 +1,5 @@
-"""Every Prometheus series the processes define is listed in the README's Metrics
-section, and the Grafana dashboard asks only for series that exist."""
+"""Every Prometheus series the processes define is listed in docs/OPERATIONS.md's
+Metrics section, and the Grafana dashboard asks only for series that exist."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def base(name: str) -> str:
 
 
 def metrics_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    return text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
 
 
 def defined() -> set[str]:

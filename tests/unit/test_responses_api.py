@@ -1,5 +1,5 @@
 """/v1/responses without a server: a Responses request is the chat request
-jobs.protocol.requests.chat_body makes of it; the Response object and the streamed events
+jobs.protocol.responses_request.chat_body makes of it; the Response object and the streamed events
 (jobs.protocol.responses) are the pinned SDK's types, strictly validated, and the SDK's own
 stream accumulator (what ``client.responses.stream`` runs) rebuilds the answer from the
 events; batch lines of Responses count their tokens and fill the Parquet columns."""
@@ -17,20 +17,14 @@ from openai.types.responses import Response, ResponseStreamEvent
 from jobs.batches import outputs
 from jobs.core.errors import InvalidRequest
 from jobs.fleet import catalog, registry
-from jobs.protocol.requests import (
-    CHAT,
-    ENDPOINTS,
-    RESPONSES,
-    BatchCreate,
-    ChatBody,
-    as_chat,
-    chat_body,
-    parse_generation,
-    parse_model,
-    parse_responses,
-)
+from jobs.protocol.batch import BatchCreate
+from jobs.protocol.endpoints import CHAT, ENDPOINTS, RESPONSES
+from jobs.protocol.generation import ChatBody
+from jobs.protocol.parsing import parse_generation, parse_responses
 from jobs.protocol.responses import EventWriter, response_body
-from jobs.tenants import limits
+from jobs.protocol.responses_request import as_chat, chat_body
+from jobs.protocol.validation import parse_model
+from jobs.tenants import token_counts
 from workers.engines.responses import response_object
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -88,10 +82,10 @@ def test_limits_reserve_what_the_chat_request_would() -> None:
     clean = req(input="hello there", instructions="Be brief.",
                 max_output_tokens=7).model_dump(exclude_none=True)
     chat = chat_body(parse_responses(clean))
-    assert limits.request_tokens(RESPONSES, clean, 1024) == \
-        limits.request_tokens(CHAT, chat, 1024)
-    assert limits.prompt_tokens(RESPONSES, clean) == limits.prompt_tokens(CHAT, chat)
-    assert limits.request_tokens(RESPONSES, clean, 1024) - limits.prompt_tokens(
+    assert token_counts.request_tokens(RESPONSES, clean, 1024) == \
+        token_counts.request_tokens(CHAT, chat, 1024)
+    assert token_counts.prompt_tokens(RESPONSES, clean) == token_counts.prompt_tokens(CHAT, chat)
+    assert token_counts.request_tokens(RESPONSES, clean, 1024) - token_counts.prompt_tokens(
         RESPONSES, clean) == 7
 
 
@@ -157,7 +151,7 @@ def test_the_workers_build_the_same_object_from_a_stored_body() -> None:
 
 
 def test_the_api_describes_what_it_sends() -> None:
-    from api.schemas import ResponseObject
+    from api.schemas.inference import ResponseObject
 
     ResponseObject.model_validate(response_body(req(input="hi"), "x", "length", 1, 1))
     ResponseObject.model_validate(response_body(

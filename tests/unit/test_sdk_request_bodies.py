@@ -1,6 +1,7 @@
 """What the pinned ``openai`` SDK sends for its ordinary calls passes the strict request
-models (jobs/protocol/requests.py) unchanged: the bodies are taken at the HTTP edge, by a
-transport that answers in the server's place, and parsed as the API parses them."""
+models (jobs/protocol/embeddings.py, generation.py, responses_request.py) unchanged: the
+bodies are taken at the HTTP edge, by a transport that answers in the server's place, and
+parsed as the API parses them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import httpx2
 import pytest
 from openai import OpenAI
 
-from jobs.protocol.requests import CHAT, COMPLETIONS, parse_embeddings, parse_generation
+from jobs.protocol.endpoints import CHAT, COMPLETIONS
+from jobs.protocol.parsing import parse_embeddings, parse_generation
 
 ANSWERS: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"id": "x", "object": "chat.completion", "created": 0,

@@ -13,8 +13,8 @@ import pytest
 
 from jobs.core.errors import InvalidRequest, ModelNotLoaded
 from jobs.core.settings import Settings
-from jobs.fleet.registry import BUILTIN
-from jobs.protocol.requests import EmbeddingsBody
+from jobs.fleet.builtin_models import BUILTIN
+from jobs.protocol.embeddings import EmbeddingsBody
 from workers.engines.batching import BatchPolicy
 from workers.engines.embeddings import BATCH, EmbeddingEngine, is_oom
 from workers.models import simulated

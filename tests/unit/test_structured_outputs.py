@@ -14,9 +14,11 @@ import pytest
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
-from jobs.protocol.requests import CHAT, parse_generation
-from workers.engines.generation import Collect, FinishReason, GenerationEngine
+from jobs.protocol.endpoints import CHAT
+from jobs.protocol.parsing import parse_generation
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.request import build_request
+from workers.engines.sinks import Collect, FinishReason
 from workers.engines.vllm import VllmEngine
 from workers.models.chat import ChatModel, ChatTokens
 
@@ -147,8 +149,10 @@ def test_a_parsed_body_reads_back_as_sent() -> None:
 def test_responses_text_format_runs_as_chats_response_format() -> None:
     from openai.types.responses import Response
 
-    from jobs.protocol.requests import RESPONSES, as_chat, parse_responses, supported
+    from jobs.protocol.endpoints import RESPONSES
+    from jobs.protocol.parsing import parse_responses, supported
     from jobs.protocol.responses import response_body
+    from jobs.protocol.responses_request import as_chat
 
     text = {"format": {"type": "json_schema", "name": "review", "schema": REVIEW,
                        "strict": True}}

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from jobs.core.settings import default_cache_dir
-from jobs.protocol.requests import CHAT, COMPLETIONS, EMBEDDINGS, EmbeddingsBody
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from workers.models import token_count
 
 MINILM = "all-MiniLM-L6-v2"

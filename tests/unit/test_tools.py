@@ -1,10 +1,10 @@
-"""Tool calls (jobs.protocol.tools): calls read back from generated text, whole or as it
-streams (malformed blocks and unknown functions stay text), the request checks, the
-Lark grammar of a required call (it compiles, and llguidance accepts exactly the calls it
-allows), and a tiny random-weight Llama whose Hermes-style chat template renders tools,
-run on the transformers engine: a required or named call always parses and validates
-against its function's schema, however random the weights; a model whose template does
-not render tools is refused naming it."""
+"""Tool calls (jobs.protocol.tools, tool_use, tool_calls): calls read back from generated
+text, whole or as it streams (malformed blocks and unknown functions stay text), the
+request checks, the Lark grammar of a required call (it compiles, and llguidance
+accepts exactly the calls it allows), and a tiny random-weight Llama whose Hermes-style
+chat template renders tools, run on the transformers engine: a required or named call
+always parses and validates against its function's schema, however random the weights;
+a model whose template does not render tools is refused naming it."""
 
 from __future__ import annotations
 
@@ -24,19 +24,14 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
-from jobs.protocol.requests import CHAT, RESPONSES, chat_body, parse_generation, parse_responses
+from jobs.protocol.endpoints import CHAT, RESPONSES
+from jobs.protocol.parsing import parse_generation, parse_responses
 from jobs.protocol.responses import EventWriter, response_body
+from jobs.protocol.responses_request import chat_body
 from jobs.protocol.shapes import ChunkWriter, chat_completion
-from jobs.protocol.tools import (
-    CallStream,
-    ChunkCalls,
-    Function,
-    Tools,
-    parse,
-    renders_tools,
-    rewrite_completion,
-    tools_of,
-)
+from jobs.protocol.tool_calls import CallStream, ChunkCalls, parse, rewrite_completion
+from jobs.protocol.tool_use import Function, Tools, tools_of
+from jobs.protocol.tools import renders_tools
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
@@ -370,7 +365,7 @@ def tool_llama(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def engine(tool_llama: Path) -> Any:
-    from workers.engines.generation import GenerationEngine
+    from workers.engines.generation.engine import GenerationEngine
     from workers.models.chat import ChatModel
 
     e = GenerationEngine(ChatModel("tool-llama", tool_llama))
@@ -379,9 +374,9 @@ def engine(tool_llama: Path) -> Any:
 
 
 def ask(engine: Any, body: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    from workers.engines.generation import Collect
     from workers.engines.request import build_request
     from workers.engines.responses import generation_body
+    from workers.engines.sinks import Collect
 
     c = Collect()
     engine.submit(build_request(engine.model, CHAT, body), c, 2)

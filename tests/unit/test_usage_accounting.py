@@ -16,8 +16,9 @@ from jobs.core.settings import Settings
 from jobs.tenants import usage
 from workers.engines.batching import BatchPolicy
 from workers.engines.embeddings import BATCH, EmbeddingEngine, seconds_of
-from workers.engines.generation import Collect, GenerationEngine
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.request import GenRequest
+from workers.engines.sinks import Collect
 from workers.models.chat import ChatModel
 
 

@@ -19,10 +19,11 @@ from openai.types.chat import ChatCompletion
 
 from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
-from jobs.protocol.requests import CHAT, COMPLETIONS
-from workers.engines.generation import Collect, FinishReason, GenerationEngine, Usage
+from jobs.protocol.endpoints import CHAT, COMPLETIONS
+from workers.engines.generation.engine import GenerationEngine
 from workers.engines.request import GenRequest, build_request
 from workers.engines.responses import generation_body, top_count
+from workers.engines.sinks import Collect, FinishReason, Usage
 from workers.engines.vllm import VllmEngine
 from workers.models.chat import ChatModel, ChatTokens
 

@@ -12,15 +12,16 @@ from openai import OpenAI
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.webhooks import events as webhooks
+from jobs.webhooks import signing
 from jobs.webhooks.deliveries import backoff
 
 SDK = OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
 
 
 def test_a_delivery_verifies_with_the_sdk_and_only_with_its_secret() -> None:
-    secret, other = webhooks.new_secret(), webhooks.new_secret()
+    secret, other = signing.new_secret(), signing.new_secret()
     body = webhooks.event_body("evt_1", "job.completed", "job_1", int(time.time())).encode()
-    headers = webhooks.signed_headers("wh_1", body, [secret])
+    headers = signing.signed_headers("wh_1", body, [secret])
     SDK.webhooks.verify_signature(body, headers, secret=secret)
     event = SDK.webhooks.unwrap(body, headers, secret=secret)
     assert (event.id, event.type) == ("evt_1", "job.completed")
@@ -28,15 +29,15 @@ def test_a_delivery_verifies_with_the_sdk_and_only_with_its_secret() -> None:
         SDK.webhooks.verify_signature(body, headers, secret=other)
     with pytest.raises(openai.InvalidWebhookSignatureError):  # the body is what is signed
         SDK.webhooks.verify_signature(body.replace(b"job_1", b"job_2"), headers, secret=secret)
-    both = webhooks.signed_headers("wh_1", body, [secret, other])  # during a rotation
+    both = signing.signed_headers("wh_1", body, [secret, other])  # during a rotation
     for key in (secret, other):
         SDK.webhooks.verify_signature(body, both, secret=key)
 
 
 def test_an_old_timestamp_is_refused_so_every_attempt_is_signed_anew() -> None:
-    secret = webhooks.new_secret()
+    secret = signing.new_secret()
     body = b'{"id": "evt_1"}'
-    stale = webhooks.signed_headers("wh_1", body, [secret], timestamp=int(time.time()) - 600)
+    stale = signing.signed_headers("wh_1", body, [secret], timestamp=int(time.time()) - 600)
     with pytest.raises(openai.InvalidWebhookSignatureError):
         SDK.webhooks.verify_signature(body, stale, secret=secret)
 

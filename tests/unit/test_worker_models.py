@@ -13,7 +13,8 @@ import pytest
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, ModelNotLoaded, NotFound
 from jobs.core.schema import Model
-from jobs.protocol.requests import CHAT, EmbeddingsBody
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.endpoints import CHAT
 from workers.models.residency import Residency, Resident
 
 MODEL = "all-MiniLM-L6-v2"

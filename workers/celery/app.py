@@ -31,7 +31,8 @@ from celery.signals import (
 
 from jobs.core import logs, tracing
 from jobs.core.context import Context
-from jobs.core.dispatch import MODEL_LANES, make_celery
+from jobs.core.dispatch import make_celery
+from jobs.core.lanes import MODEL_LANES
 from jobs.core.settings import Settings
 from workers.lanes.batch import ShardConsumers
 from workers.lanes.control import DeliveryThread, JanitorThread

@@ -10,7 +10,7 @@ from celery import Task
 from opentelemetry.trace import SpanKind
 
 from jobs.batches import finalize, service
-from jobs.core import errors, logs, tracing
+from jobs.core import errors, logs, refs, tracing
 from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
 from workers.celery.app import app, draining, process
 from workers.lanes.batch import run_shard
@@ -59,6 +59,6 @@ def finalize_batch(self: Task, batch_id: str) -> None:
 def process_shard(self: Task, shard_id: str) -> str:
     rt = process.runtime()  # built by the pool child at start; this only looks it up
     process.shard_consumers.hostname = self.request.hostname
-    with traced(self, shard_id.rsplit(".", 1)[0], shard_id):
+    with traced(self, refs.batch_of(shard_id), shard_id):
         return run_shard(rt, shard_id, stop_requested=draining,
                          queue=(self.request.delivery_info or {}).get("routing_key"))

@@ -4,7 +4,7 @@ vocabulary (``logit_bias`` names token ids of the model's tokenizer).
 
 Built by every lane that generates (realtime, jobs, batch shards) before it submits.
 A request is ``best_of`` sequences (``n`` when best_of is not set) sharing the prompt;
-the engine returns ``n`` choices of them (workers.engines.generation).
+the engine returns ``n`` choices of them (workers.engines.fanout).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobs.core.errors import InvalidRequest
-from jobs.protocol.requests import CHAT, ChatBody, CompletionBody, parse_generation
+from jobs.protocol.endpoints import CHAT
+from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.parsing import parse_generation
 from jobs.protocol.structured import Constraint, constraint
-from jobs.protocol.tools import no_tools, tools_of
+from jobs.protocol.tool_use import tools_of
+from jobs.protocol.tools import no_tools
 from workers.models.token_count import template_messages, template_tools
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)

@@ -16,8 +16,12 @@ import numpy as np
 from jobs.core.errors import InferqError
 from jobs.protocol import responses as response_shapes
 from jobs.protocol import shapes
-from jobs.protocol.requests import CHAT, EmbeddingsBody, ResponsesBody, parse_model
-from jobs.protocol.tools import Tools, rewrite_completion
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.endpoints import CHAT
+from jobs.protocol.responses_request import ResponsesBody
+from jobs.protocol.tool_calls import rewrite_completion
+from jobs.protocol.tool_use import Tools
+from jobs.protocol.validation import parse_model
 
 
 def embeddings_body(req: EmbeddingsBody, vectors: list[np.ndarray], tokens: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ the lanes submitted into vLLM (``add_request`` with the request's priority: vLLM
 priority scheduling serves realtime, 0, first), aborts what its caller no longer
 wants, and steps the engine; each step's outputs (``RequestOutputKind.DELTA``: the new
 text and tokens) are delivered to the sinks as the transformers engine delivers them
-(``workers.engines.generation``: ``start``, ``delta``, ``finish`` with the usage, ``fail``).
+(``workers.engines.sinks``: ``start``, ``delta``, ``finish`` with the usage, ``fail``).
 
 Rows for realtime: vLLM preempts running sequences only when its key/value cache is
 full, never to free a row, so batch work (jobs, shards, flex) is let into vLLM up to
@@ -19,10 +19,8 @@ priority, then arrival.
 Several choices (``n``, ``best_of``), log probabilities or an echo: the request's
 ``best_of`` sequences are vLLM requests of their own (sequence i seeded seed + i, as on
 the transformers engine), told to the request's sink as choices by the same
-``workers.engines.generation._Fan``. Log probabilities are vLLM's processed ones (after
-penalties, bias, temperature and top-p), each token's text and bytes as the
-transformers engine reports them; a token that top-p excluded has no finite log
-probability and is reported at ``FLOOR``.
+``workers.engines.fanout.Fan``. Log probabilities are vLLM's processed ones
+(``workers.engines.vllm_requests``).
 
 One request's failure is its own: vLLM refuses a request it cannot take when it is
 added (400, to that request alone). A step that raises fails the requests running in
@@ -33,92 +31,45 @@ its prefix cache (``cached_tokens``), the most rows of any step it took part in,
 its share of each step's time (split among the step's requests by the tokens each
 computed in it, its uncached prompt in its first step).
 
-vLLM is configured for this process before it is imported (``environment``): no usage
-reports and no address look-up outside the machine, the worker's logging left as it is
-(vLLM logs through it), and, on CPUs, no thread binding
-and torch's thread count left as the worker set it (vLLM's CPU worker would pin
-threads to cores and drop torch to one thread for the whole process, where the
-embedding engine also runs).
+vLLM is configured for this process before it is imported
+(``workers.engines.vllm_setup``).
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import gc
 import heapq
 import itertools
 import logging
-import math
 import os
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jobs.core.errors import InvalidRequest
 from jobs.tenants.usage import split
-from workers.engines.generation import (
-    FinishReason,
-    GenStats,
-    Sink,
-    TokenTexts,
-    Usage,
-    _Branch,
-    sequences,
-)
+from workers.engines.fanout import Branch, sequences
 from workers.engines.request import GenRequest
 from workers.engines.responses import TokenLogprob
-from workers.engines.sampling import FLOOR  # a token the sampler excluded (OpenAI's floor)
+from workers.engines.sinks import FinishReason, Sink
+from workers.engines.stats import GenStats
+from workers.engines.token_texts import TokenTexts
+from workers.engines.vllm_requests import (
+    VllmRequest,
+    finite,
+    prompt_logprobs,
+    sampling_params,
+    token_logprob,
+)
+from workers.engines.vllm_setup import context_proxies_set_aside, environment
 from workers.models.chat import ChatTokens
 
 log = logging.getLogger("inferq.vllm")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions: 5)
-
-
-def environment(threads: int | None = None) -> None:
-    """Settings vLLM reads from the environment, set before it is imported."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-    os.environ["VLLM_NO_USAGE_STATS"] = "1"  # no usage reports to an outside address
-    os.environ["DO_NOT_TRACK"] = "1"
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # else it asks a public address
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    # vLLM's own logging set-up would replace the handlers of the whole process's root
-    # logger (Celery's): its records go through the worker's logging instead.
-    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
-    if threads is not None:  # vLLM's CPU worker keeps torch's threads only when this is set
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-
-
-@dataclass
-class _Req:
-    """One vLLM request: a request's sequence, with what was delivered of it."""
-
-    id: str
-    req: GenRequest
-    sink: Sink
-    priority: int
-    order: int
-    seed: int | None
-    generated: list[int] = field(default_factory=list)
-    logprob_sum: float = 0.0  # of the sampled tokens, when scored (best_of's ranking)
-    chars: int = 0  # characters of the text of ``generated`` (log probabilities' offsets)
-    text: int = 0  # characters delivered
-    decoder: Any = None  # the incremental UTF-8 decoder of the tokens' bytes
-    cached: int = 0
-    rows: int = 0
-    accel_s: float = 0.0
-    added: bool = False
-    started: bool = False
-    done: bool = False
-
-    def usage(self) -> Usage:
-        return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s,
-                     self.cached)
 
 
 class VllmEngine:
@@ -150,8 +101,8 @@ class VllmEngine:
             "seed": int.from_bytes(os.urandom(4), "little"), "enforce_eager": enforce_eager}
         self._texts = TokenTexts(model.tokenizer)
         self._cond = threading.Condition()
-        self._waiting: list[tuple[int, int, _Req]] = []
-        self._live: dict[str, _Req] = {}
+        self._waiting: list[tuple[int, int, VllmRequest]] = []
+        self._live: dict[str, VllmRequest] = {}
         self._order = itertools.count()
         self._stop = False
         self._ready = threading.Event()
@@ -203,7 +154,7 @@ class VllmEngine:
         # function that refuses; the embedding engine and torch's own callers need it.
         set_threads = torch.set_num_threads
         try:
-            with _context_proxies_set_aside():
+            with context_proxies_set_aside():
                 self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
             torch.set_num_threads = set_threads
@@ -219,12 +170,12 @@ class VllmEngine:
         while self._llm.has_unfinished_requests():
             self._llm.step()
 
-    def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> _Req:
+    def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> VllmRequest:
         order = next(self._order)
-        return _Req(f"r{order}", req, sink, priority, order, seed,
+        return VllmRequest(f"r{order}", req, sink, priority, order, seed,
                     decoder=codecs.getincrementaldecoder("utf-8")("replace"))
 
-    def _enqueue(self, *reqs: _Req) -> None:
+    def _enqueue(self, *reqs: VllmRequest) -> None:
         with self._cond:
             for r in reqs:
                 heapq.heappush(self._waiting, (r.priority, r.order, r))
@@ -254,10 +205,10 @@ class VllmEngine:
                 self._step()
         self._close()
 
-    def _admit(self) -> list[_Req]:
+    def _admit(self) -> list[VllmRequest]:
         """Called under the lock: the waiting requests vLLM takes now, in priority order
         (batch work up to ``max_batch_rows``, realtime up to ``max_rows``)."""
-        out: list[_Req] = []
+        out: list[VllmRequest] = []
         rows = len(self._live)
         batch = sum(r.priority != 0 for r in self._live.values())
         while self._waiting:
@@ -273,11 +224,11 @@ class VllmEngine:
             batch += prio != 0
         return out
 
-    def _add(self, r: _Req) -> None:
+    def _add(self, r: VllmRequest) -> None:
         from vllm.exceptions import VLLMClientError
 
         try:
-            self._llm.add_request(r.id, {"prompt_token_ids": r.req.prompt}, self._params(r),
+            self._llm.add_request(r.id, {"prompt_token_ids": r.req.prompt}, sampling_params(r),
                                   priority=r.priority)
         except (ValueError, VLLMClientError) as e:  # vLLM's refusal of this request alone
             r.done = True
@@ -290,24 +241,6 @@ class VllmEngine:
         r.added = True
         self._live[r.id] = r
 
-    def _params(self, r: _Req) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-        q = r.req
-        logprobs = q.logprobs if q.logprobs is not None else 0 if q.scored() else None
-        c = q.constraint
-        structured = (None if c is None else StructuredOutputsParams(grammar=c.lark)
-                      if c.lark is not None else StructuredOutputsParams(json=c.schema))
-        return SamplingParams(
-            n=1, temperature=q.temperature, top_p=q.top_p, seed=r.seed,
-            stop=list(q.stop) or None, max_tokens=q.max_new_tokens,
-            presence_penalty=q.presence_penalty, frequency_penalty=q.frequency_penalty,
-            logit_bias=dict(q.logit_bias) or None, logprobs=logprobs,
-            prompt_logprobs=q.logprobs if q.echo and q.logprobs is not None else None,
-            output_kind=RequestOutputKind.DELTA, skip_special_tokens=True,
-            structured_outputs=structured)
-
     def _step(self) -> None:
         t0 = time.perf_counter()
         try:
@@ -317,7 +250,7 @@ class VllmEngine:
             self._fail_all(e)
             return
         dt = time.perf_counter() - t0
-        seen: list[tuple[_Req, Any]] = []
+        seen: list[tuple[VllmRequest, Any]] = []
         for o in outputs:
             r = self._live.get(o.request_id)
             if r is not None and not r.done and o.outputs:
@@ -345,21 +278,21 @@ class VllmEngine:
             self.on_step(len(seen), dt)
 
     # Delivery ------------------------------------------------------------------------------
-    def _deliver(self, r: _Req, o: Any) -> None:
+    def _deliver(self, r: VllmRequest, o: Any) -> None:
         c = o.outputs[0]
         if not r.started:
             r.started = True
-            fan = r.sink.fan if isinstance(r.sink, _Branch) else None
+            fan = r.sink.fan if isinstance(r.sink, Branch) else None
             if fan is not None and fan.prompt is None and r.req.echo \
                     and r.req.logprobs is not None:
-                fan.prompt = self._prompt_logprobs(r.req, o.prompt_logprobs)
+                fan.prompt = prompt_logprobs(self._texts, r.req, o.prompt_logprobs)
             r.sink.start()
         r.generated.extend(c.token_ids)
         tokens: list[TokenLogprob] | None = None
         if c.logprobs:  # asked for, or best_of's ranking
             tokens = [] if r.req.logprobs is not None else None
             for tid, entry in zip(c.token_ids, c.logprobs, strict=True):
-                lp = _finite(entry[tid].logprob) if tid in entry else None
+                lp = finite(entry[tid].logprob) if tid in entry else None
                 if lp is not None:
                     r.logprob_sum += lp
                 start = r.chars  # (offsets only where reported)
@@ -367,7 +300,8 @@ class VllmEngine:
                     continue
                 r.chars += len(r.decoder.decode(bytes(self._texts(tid)[1])))
                 if tid not in self.model.eos_ids:
-                    tokens.append(self._entry(tid, lp, entry, r.req, len(r.req.text) + start))
+                    tokens.append(token_logprob(self._texts, tid, lp, entry, r.req,
+                                                len(r.req.text) + start))
         self.stats.tokens += len(c.token_ids)
         by = self.stats.tokens_by_priority
         by[r.priority] = by.get(r.priority, 0) + len(c.token_ids)
@@ -376,7 +310,7 @@ class VllmEngine:
         if tokens is not None and c.finish_reason == "stop" and isinstance(c.stop_reason, str):
             end = len(r.req.text) + r.text  # tokens past a stop string are not reported
             tokens = [t for t in tokens if t.offset < end]
-        if isinstance(r.sink, _Branch):
+        if isinstance(r.sink, Branch):
             if text or tokens:
                 r.sink.piece(text, tokens)
         elif text:
@@ -384,7 +318,7 @@ class VllmEngine:
         if o.finished:
             self._end(r, c.finish_reason)
 
-    def _end(self, r: _Req, reason: str | None) -> None:
+    def _end(self, r: VllmRequest, reason: str | None) -> None:
         r.done = True
         self._live.pop(r.id, None)
         if reason == "abort":  # aborted by vLLM itself, not by its caller
@@ -393,30 +327,6 @@ class VllmEngine:
         r.sink.finish(FinishReason.LENGTH if reason == "length" else FinishReason.STOP,
                       r.usage())
 
-    def _entry(self, tid: int, lp: float | None, entry: dict[int, Any] | None,
-               req: GenRequest, offset: int) -> TokenLogprob:
-        text, raw = self._texts(tid)
-        return TokenLogprob(text, raw, FLOOR if lp is None else lp,
-                            self._top(entry, req.logprobs or 0), offset)
-
-    def _top(self, entry: dict[int, Any] | None, k: int) -> list[tuple[str, list[int], float]]:
-        ranked = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or math.inf)[:k]
-        return [(*self._texts(t), _finite(v.logprob) or FLOOR) for t, v in ranked]
-
-    def _prompt_logprobs(self, req: GenRequest, scores: list[Any] | None
-                         ) -> list[TokenLogprob]:
-        """Each prompt token with its log probability given the ones before it (the
-        first has none), its most likely alternatives and its offset in the prompt."""
-        ids = req.prompt
-        offsets = self._texts.offsets(ids)
-        out = [TokenLogprob(*self._texts(ids[0]), None, None, offsets[0])]
-        for at in range(1, len(ids)):
-            entry = scores[at] if scores is not None and at < len(scores) else None
-            tok = ids[at]
-            lp = _finite(entry[tok].logprob) if entry and tok in entry else None
-            out.append(TokenLogprob(*self._texts(tok), FLOOR if lp is None else lp,
-                                    self._top(entry, req.logprobs or 0), offsets[at]))
-        return out
 
     # Leaving -------------------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -428,7 +338,7 @@ class VllmEngine:
             self._live.pop(r.id, None)
             self._abandon(r)
 
-    def _abandon(self, r: _Req) -> None:
+    def _abandon(self, r: VllmRequest) -> None:
         """``r`` is dropped because its caller went away: a sink that bills abandoned
         work (``abandoned(usage)``) is told what it used until then."""
         r.done = True
@@ -471,35 +381,3 @@ class VllmEngine:
                           self.model.model_id)
         del llm
         gc.collect()
-
-
-@contextlib.contextmanager
-def _context_proxies_set_aside() -> Iterator[None]:
-    """vLLM's CPU platform rebinds its kernels by reading every global of every loaded
-    module (``hasattr(value, "__dict__")``); werkzeug's context proxies (flask's
-    ``request``, ``g``, ``current_app``) raise RuntimeError there outside a request. A
-    process that has Flask loaded (tests, a worker sharing a process with the API) has
-    them set aside while the engine is built."""
-    local = sys.modules.get("werkzeug.local")
-    proxy = getattr(local, "LocalProxy", None)
-    if proxy is None:
-        yield
-        return
-    aside: list[tuple[dict[str, Any], str, Any]] = []
-    for module in list(sys.modules.values()):
-        ns = getattr(module, "__dict__", None)
-        if not isinstance(ns, dict):
-            continue
-        for k, v in list(ns.items()):
-            if type(v) is proxy:
-                aside.append((ns, k, v))
-                del ns[k]
-    try:
-        yield
-    finally:
-        for ns, k, v in aside:
-            ns[k] = v
-
-
-def _finite(v: float | None) -> float | None:
-    return float(v) if v is not None and math.isfinite(v) else None

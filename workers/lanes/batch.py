@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 from celery import Celery
 
 from jobs.batches import fairshare
-from jobs.core import logs, tracing
+from jobs.core import logs, refs, tracing
 from jobs.core.context import Context
-from jobs.core.dispatch import lane_for, lane_queues, shard_queue, shard_ref
+from jobs.core.dispatch import lane_queues, shard_queue, shard_ref
+from jobs.core.lanes import SHARD_LANES, lane_for
 from jobs.core.schema import Batch
 from jobs.core.status import RESUMED_ELSEWHERE, ShardOutcome
 from workers.process import metrics
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # torch stays out of processes that serve no model lane
     from workers.process.runtime import WorkerRuntime
 
 log = logging.getLogger("inferq.batch_lane")
-SHARD_QUEUES = ("batch", "flex")
+SHARD_QUEUES = SHARD_LANES
 
 
 def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], bool],
@@ -42,7 +43,7 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
     from workers.shards import pipeline
 
     ctx = rt.ctx
-    batch_id = shard_id.rsplit(".", 1)[0]
+    batch_id = refs.batch_of(shard_id)
     tier, project, model_ref = batch_owner(ctx, batch_id)
     logs.bind(project_id=project)
     tracing.annotate({"inferq.project_id": project, "inferq.service_tier": tier})

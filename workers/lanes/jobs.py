@@ -24,12 +24,15 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches.outputs import dumps
-from jobs.core import redis_keys
+from jobs.core import lanes, redis_keys
 from jobs.core.context import Context
 from jobs.core.errors import InferqError
 from jobs.core.schema import Job
-from jobs.protocol.requests import EMBEDDINGS, RESPONSES, EmbeddingsBody, as_chat, parse_embeddings
-from jobs.protocol.tools import tools_of
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.endpoints import EMBEDDINGS, RESPONSES
+from jobs.protocol.parsing import parse_embeddings
+from jobs.protocol.responses_request import as_chat
+from jobs.protocol.tool_use import tools_of
 from jobs.tenants import usage
 from workers.engines.embeddings import JOBS, RowFuture, seconds_of, when_all_done
 from workers.engines.request import build_request
@@ -42,7 +45,7 @@ from workers.engines.responses import (
 )
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.engines.generation import Collect
+    from workers.engines.sinks import Collect
     from workers.models.residency import Residency
 
 log = logging.getLogger("inferq.jobs_lane")
@@ -146,7 +149,7 @@ class JobsConsumer(threading.Thread):
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
-        from workers.engines.generation import Collect
+        from workers.engines.sinks import Collect
 
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
         gen.submit(greq, sink, JOBS)
@@ -187,15 +190,15 @@ class JobsConsumer(threading.Thread):
                     self.bill(job, u.prompt_tokens, u.completion_tokens, u.accelerator_s))
 
     def start_response(self, job: Job) -> None:
-        """A /v1/responses job: run as its chat request (jobs.protocol.requests.as_chat), its
-        result the Response object."""
+        """A /v1/responses job: run as its chat request
+        (jobs.protocol.responses_request.as_chat), its result the Response object."""
         try:
             gen = self.models.chat(job.body["model"], job.model_version)
             greq = build_request(gen.model, *as_chat(job.endpoint, job.body))
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
-        from workers.engines.generation import Collect
+        from workers.engines.sinks import Collect
 
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_response, job, c))
         gen.submit(greq, sink, JOBS)
@@ -216,7 +219,7 @@ class JobsConsumer(threading.Thread):
         """The usage record of a job that succeeded, billed to the key that created it."""
         return usage.entry(self.ctx.settings, source=f"job:{job.id}", tenant_id=job.tenant_id,
                            api_key_id=job.api_key_id, kind=usage.kind_of(job.endpoint),
-                           model=str(job.body.get("model", "")), lane=usage.JOBS,
+                           model=str(job.body.get("model", "")), lane=lanes.JOBS,
                            input_tokens=input_tokens, output_tokens=output_tokens,
                            accelerator_seconds=seconds)
 

@@ -20,8 +20,8 @@ from jobs.core import redis_keys
 from jobs.core.status import StreamEvent
 from workers.engines.responses import failure
 
-if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.engines.generation import FinishReason, Usage
+if TYPE_CHECKING:  # annotations only
+    from workers.engines.sinks import FinishReason, Usage
 
 log = logging.getLogger("inferq.streams")
 

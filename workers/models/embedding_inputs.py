@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from jobs.core.errors import InvalidRequest, ModelNotLoaded
-from jobs.protocol.requests import EmbeddingsBody
+from jobs.protocol.embeddings import EmbeddingsBody
 from workers.models.token_count import embedding_ids
 
 

@@ -1,7 +1,7 @@
 """Sentence-embedding models: BERT-style encoders, pooled and normalised as the folder's
 sentence-transformers modules say (mean, cls, max or lasttoken pooling; L2 normalisation
 when a Normalize module is listed), mean pooling + L2 normalisation for a plain encoder
-(``jobs.fleet.folders.read_pooling``)."""
+(``jobs.fleet.pooling.read_pooling``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from jobs.fleet import registry
-from jobs.fleet.folders import read_pooling
+from jobs.fleet import builtin_models, publishing
+from jobs.fleet.pooling import read_pooling
 from workers.models import precision as precisions
 from workers.models.embedding_inputs import EmbeddingInputs, check_dimensions
 from workers.models.faults import inject_oom
@@ -22,7 +22,7 @@ __all__ = ["EmbeddingModel", "check_dimensions", "packaged_path"]
 
 def packaged_path(model_id: str) -> Path:
     """The files of a builtin model that ship ready to serve in an installed package."""
-    b = registry.BUILTIN.get(model_id)
+    b = builtin_models.BUILTIN.get(model_id)
     if b is None or b.package_dir is None:
         raise KeyError(f"{model_id!r} is not a packaged builtin model: pass its directory")
     return b.package_dir()
@@ -47,7 +47,7 @@ class EmbeddingModel(EmbeddingInputs):
         precisions.check(precision, self.device)
         self.model = precisions.apply(AutoModel.from_pretrained(str(path)).eval().to(self.device),
                                       precision, self.device)
-        self.max_length = max_length or registry.read_context_length(path)
+        self.max_length = max_length or publishing.read_context_length(path)
         self.pooling = read_pooling(path)
         self.dim = int(self.model.config.hidden_size)
         self.vocab_size = int(self.model.config.vocab_size)  # rows of the embedding table

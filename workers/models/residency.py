@@ -31,6 +31,7 @@ import orjson
 import redis
 
 from jobs.batches import fairshare
+from jobs.core import refs
 from jobs.core.context import Context
 from jobs.core.errors import ModelNotLoaded
 from jobs.core.schema import Model
@@ -63,7 +64,7 @@ class Resident:
 
     @property
     def ref(self) -> str:
-        return registry.ref(self.model.name, self.model.version)
+        return refs.model_ref(self.model.name, self.model.version)
 
     def generator(self) -> Engine:
         assert self.chat is not None
@@ -122,7 +123,7 @@ class Residency:
         one this worker holds (the newest, if it holds several); ModelNotLoaded else."""
         with self._lock:
             if version is not None:
-                res = self._held.get(registry.ref(name, version))
+                res = self._held.get(refs.model_ref(name, version))
             else:
                 held = [r for r in self._held.values() if r.model.name == name]
                 res = max(held, key=lambda r: (r.model.is_default,
@@ -204,7 +205,7 @@ class Residency:
         """Hold ``model_ref`` (a no-op if held), first unloading the least recently used
         versions until it fits the budget. ValueError for an unknown version or one
         larger than the whole budget."""
-        name, version = registry.split_ref(model_ref)
+        name, version = refs.split_ref(model_ref)
         with self._load_lock:
             with self._lock:
                 if model_ref in self._held:
@@ -217,7 +218,7 @@ class Residency:
             if self.budget and size > self.budget:
                 raise ValueError(f"{model_ref} ({size >> 20} MiB) is larger than this "
                                  f"worker's model memory ({self.budget >> 20} MiB)")
-            self._make_room(size, keep=registry.ref(m.name, m.version))
+            self._make_room(size, keep=refs.model_ref(m.name, m.version))
             with self._lock:
                 self._loading.add(model_ref)
             t0 = time.perf_counter()

@@ -11,7 +11,7 @@ workers use them too (``EmbeddingModel.tokenize``, ``ChatModel.chat_ids`` and
   a token-id input is its ids between the same two special tokens;
 - chat: the messages (``developer`` as ``system``; no content as ""; an assistant's
   ``tool_calls``, a tool message's ``tool_call_id``) and the request's tools
-  (``jobs.protocol.tools``: none when ``tool_choice`` is ``none``) through the model's
+  (``jobs.protocol.tool_use``: none when ``tool_choice`` is ``none``) through the model's
   chat template with the generation prompt;
 - completions: the prompt through the tokenizer (with the special tokens it adds).
 
@@ -40,14 +40,12 @@ from jobs.core.context import Context
 from jobs.core.errors import transient
 from jobs.core.schema import Model
 from jobs.fleet import registry
-from jobs.protocol.requests import (
-    EMBEDDINGS,
-    ChatBody,
-    EmbeddingsBody,
-    parse_generation,
-    parse_model,
-)
-from jobs.protocol.tools import tools_of
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.endpoints import EMBEDDINGS
+from jobs.protocol.generation import ChatBody
+from jobs.protocol.parsing import parse_generation
+from jobs.protocol.tool_use import tools_of
+from jobs.protocol.validation import parse_model
 
 log = logging.getLogger("inferq.tokens")
 

@@ -30,6 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE
+from jobs.core.lanes import MODEL_LANES
 from jobs.core.status import BreakerState
 from jobs.slo import stats
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferq.metrics")
 
-LANES = ("realtime", "jobs", "batch", "flex")  # engine priorities 0..3, in that order
+LANES = MODEL_LANES  # engine priorities 0..3, in that order
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 LATENCY_BUCKETS = stats.BOUNDS  # the dashboard's per-minute history uses the same buckets

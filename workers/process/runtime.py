@@ -29,14 +29,15 @@ from jobs.core.context import Context
 from jobs.core.errors import Unavailable
 from jobs.core.schema import Model
 from jobs.core.settings import Settings
-from jobs.fleet import folders, registry
+from jobs.fleet import folder_checks, registry
 from jobs.fleet.registry import EMBEDDINGS_KIND, total_bytes
-from jobs.protocol.requests import EMBEDDINGS, RESPONSES
-from jobs.slo.admission import ServiceMeter
+from jobs.protocol.endpoints import EMBEDDINGS, RESPONSES
+from jobs.slo.service_rates import ServiceMeter
 from workers.engines.batching import BatchPolicy
 from workers.engines.embeddings import EmbeddingEngine
 from workers.lanes.jobs import JobsConsumer
-from workers.lanes.realtime import RealtimeConsumer, UsageWriter
+from workers.lanes.realtime import RealtimeConsumer
+from workers.lanes.usage_writer import UsageWriter
 from workers.models import simulated
 from workers.models.cache import local_dir
 from workers.models.embedding_inputs import EmbeddingInputs
@@ -67,11 +68,11 @@ class Service(Protocol):
 def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
                       ) -> Engine:
     """A generation engine over the chat model version ``m`` (its files at ``path``): on
-    the engine the version names (``jobs.fleet.folders.engine_for``)."""
+    the engine the version names (``jobs.fleet.folder_checks.engine_for``)."""
     st = settings
     config = orjson.loads((path / "config.json").read_bytes())
-    here = folders.vllm_architectures()
-    if folders.engine_for(m, config, here, st.auto_engine) == registry.VLLM:
+    here = folder_checks.vllm_architectures()
+    if folder_checks.engine_for(m, config, here, st.auto_engine) == registry.VLLM:
         if here is None:
             raise Unavailable(f"{m.name}@{m.version} runs on the vllm engine, which is not "
                               "installed on this worker (pip install 'inferq[vllm]', or "
@@ -93,7 +94,7 @@ def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
                                   f"engine: {type(e).__name__}: {e}") from e
             log.warning("%s@%s: the vllm engine cannot serve it here (%s: %s); it runs on "
                         "the transformers engine", m.name, m.version, type(e).__name__, e)
-    from workers.engines.generation import GenerationEngine
+    from workers.engines.generation.engine import GenerationEngine
     from workers.engines.prefix_cache import WORTH_TOKENS, PrefixCache
     from workers.models.chat import ChatModel
 

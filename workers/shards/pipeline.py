@@ -30,7 +30,7 @@ from jobs.batches import queries as repo
 from jobs.batches.outputs import Tokens
 from jobs.batches.views import read_shard
 from jobs.core.context import Context
-from jobs.core.dispatch import lane_for
+from jobs.core.lanes import lane_for
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import ShardOutcome, ShardStatus
 from jobs.tenants import usage
@@ -143,7 +143,7 @@ class Payer:
         """The usage record of a committed chunk: its ok lines (None when it has none)."""
         if completed == 0:
             return None
-        lane = usage.FLEX if self.service_tier == usage.FLEX else usage.BATCH
+        lane = lane_for(self.service_tier)
         return usage.entry(ctx.settings, source=f"chunk:{shard_id}:{chunk}",
                            tenant_id=self.tenant_id, api_key_id=self.api_key_id,
                            kind=self.kind, model=self.model, lane=lane,

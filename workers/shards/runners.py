@@ -23,8 +23,9 @@ import orjson
 from jobs.batches import outputs
 from jobs.batches.outputs import Tokens
 from jobs.core.errors import InferqError
-from jobs.protocol.requests import as_chat, parse_embeddings
-from jobs.protocol.tools import tools_of
+from jobs.protocol.parsing import parse_embeddings
+from jobs.protocol.responses_request import as_chat
+from jobs.protocol.tool_use import tools_of
 from workers.engines.embeddings import seconds_of
 from workers.engines.request import build_request
 from workers.engines.responses import (
@@ -134,7 +135,7 @@ class GenerationRunner:
         self.chat, self.endpoint = chat, endpoint
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
-        from workers.engines.generation import Collect
+        from workers.engines.sinks import Collect
 
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:
@@ -184,10 +185,10 @@ class GenerationRunner:
 
 class ResponsesRunner(GenerationRunner):
     """Rows of a /v1/responses batch: each runs as its chat request
-    (jobs.protocol.requests.as_chat) and its output line's body is the Response object."""
+    (jobs.protocol.responses_request.as_chat) and its output line's body is the Response object."""
 
     def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
-        from workers.engines.generation import Collect
+        from workers.engines.sinks import Collect
 
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:

@@ -1,0 +1,2 @@
+"""inferq's own generation engine over a transformers model (``engine.GenerationEngine``):
+continuous batching scheduled per decode step."""

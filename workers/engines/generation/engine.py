@@ -1,0 +1,275 @@
+"""The generation engine: continuous batching scheduled per decode step.
+
+One thread owns the chat model. Each step it (1) drops sequences whose caller
+went away, (2) admits waiting sequences by priority — realtime first, and
+realtime may exceed the batch's row cap so it never waits for a slot — with a
+prefill whose cache is merged into the running batch, and (3) runs one decode
+step for every running sequence. Work from all sources (realtime, jobs, batch
+shards, flex) shares the same forward passes.
+
+Its forward passes, and what it does when one runs out of memory or raises, are
+``passes``'s; sampling and delivering the output, ``delivery``'s; the queue and the
+running batch's cache rows, ``rows``'s. A request of several choices runs as
+``workers.engines.fanout`` describes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from jobs.tenants.usage import split
+from workers.engines.embeddings import blame
+from workers.engines.fanout import sequences
+from workers.engines.generation.grammars import Grammars
+from workers.engines.generation.passes import Passes
+from workers.engines.generation.sequence import Seq
+from workers.engines.prefix_cache import PrefixCache
+from workers.engines.request import GenRequest
+from workers.engines.sinks import FinishReason, Sink
+from workers.engines.stats import GenStats
+from workers.engines.token_texts import TokenTexts
+from workers.models.chat import KV, ChatModel, Past
+
+log = logging.getLogger("inferq.generation")
+
+
+class GenerationEngine(Passes):
+    name = "transformers"
+    def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
+                 max_prefill_tokens: int = 4096,
+                 on_step: Callable[[int, float], None] | None = None,
+                 prefix_cache: PrefixCache | None = None,
+                 batch_prefill_tokens: int | None = None, realtime_quiet_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.max_batch_rows = max_batch_rows  # rows for jobs/batch/flex work
+        self.max_rows = max_rows  # hard cap, realtime included
+        # Prompt tokens computed per step at most (cached ones are free); a prompt
+        # beyond what is left of it is prefilled in chunks over several steps. The
+        # small budget protects realtime streams and holds while one has been seen in
+        # the last ``realtime_quiet_s``; without them a step may compute
+        # ``batch_prefill_tokens`` (fewer, larger prefills: more tokens/s).
+        self.max_prefill_tokens = max_prefill_tokens
+        self.batch_prefill_tokens = (max_prefill_tokens if batch_prefill_tokens is None
+                                     else max(batch_prefill_tokens, max_prefill_tokens))
+        self.realtime_quiet_s = realtime_quiet_s
+        self._clock = clock
+        self._realtime_at = -math.inf  # when the last realtime sequence was submitted
+        self.cache = prefix_cache
+        self.on_step = on_step
+        self.stats = GenStats()
+        self._waiting: list[tuple[int, int, Seq]] = []
+        # The rows of the running batch's cache, in order. A finished sequence stays in
+        # its row as a hole until a joining sequence takes the row over in place or the
+        # holes are many enough to compact (``_reap``): moving a long batch's cache
+        # costs more than several decode steps.
+        self._running: list[Seq] = []
+        self._kv: KV | None = None
+        self._fit_rows: int | None = None  # rows that fitted when memory last ran out
+        self._clean_steps = 0
+        self._finishing: list[tuple[Seq, FinishReason]] = []  # told at the step's end
+        self._faults: list[tuple[Seq, Exception]] = []  # failed alone; told at its end
+        self._computed = False  # a forward pass of this step computed some rows
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._stop = False
+        self._rushed = False  # the last step was a realtime prefill alone
+        self._texts: TokenTexts | None = None  # token texts for log probabilities
+        self.grammars = Grammars(model)
+        self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
+        """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
+        if priority == 0:
+            self._realtime_at = self._clock()
+        # together: admitted in one step where they fit
+        self._enqueue(*sequences(req, sink, lambda s, seed: self._new(req, s, priority, seed)))
+
+    def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> Seq:
+        s = Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
+        if seed is not None:
+            s.gen = torch.Generator().manual_seed(seed)
+        if req.constraint is not None:
+            s.matcher = self.grammars.matcher(req.constraint)
+        return s
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+        with self._cond:
+            return len(self._live()), len(self._waiting)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    # The loop --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                admitted = self._admit()
+            try:
+                self.step(admitted)
+            except Exception as e:  # noqa: BLE001 - a failed step fails its sequences
+                log.exception("generation step failed")
+                for s in self._running + admitted:
+                    if not s.done:
+                        s.done = True
+                        s.sink.fail(e)
+                self._running, self._kv = [], None
+        err = RuntimeError("the engine stopped")
+        for s in self._live() + [w[2] for w in self._waiting]:
+            s.sink.fail(err)
+
+    def prefill_budget(self) -> int:
+        """Prompt tokens the next step may compute: the small budget while realtime
+        streams are about (one waiting, or one submitted within the quiet time)."""
+        recent = self._clock() - self._realtime_at < self.realtime_quiet_s
+        if recent or (self._waiting and self._waiting[0][0] == 0):
+            return self.max_prefill_tokens
+        return self.batch_prefill_tokens
+
+    def _admit(self) -> list[Seq]:
+        """Called under the lock each step: pop waiting sequences that fit, in priority
+        order, within the step's prefill budget; the first that does not fit whole
+        takes what is left of the budget as a chunk. Realtime rows are never joined by
+        other prefills in their step."""
+        out: list[Seq] = []
+        budget = self.prefill_budget()
+        live = self._live()
+        rows = len(live)
+        batch_rows = sum(s.priority != 0 for s in live)  # realtime takes no slot
+        cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
+        while self._waiting and budget > 0:
+            prio, _, s = self._waiting[0]
+            full = rows >= cap or (prio != 0 and batch_rows >= self.max_batch_rows)
+            # A step that prefills realtime rows prefills nothing else: their first
+            # token is due at its end, and other prefills would lengthen it.
+            if full or (prio != 0 and out and out[0].priority == 0):
+                break
+            if s.done or s.sink.cancelled():
+                heapq.heappop(self._waiting)
+                if not s.done and s.started:  # preempted, then its caller went away
+                    self._abandon(s)
+                continue
+            tokens = s.tokens()
+            done = max(s.past.length if s.past is not None else 0,
+                       self.cache.cached(tokens) if self.cache is not None else 0)
+            need = len(tokens) - done
+            heapq.heappop(self._waiting)
+            out.append(s)
+            if need > budget:  # a chunk now, the rest in later steps
+                s.chunk_to = done + budget
+                break
+            s.chunk_to = None
+            rows += 1
+            batch_rows += prio != 0
+            budget -= need
+        return out
+
+    def step(self, admitted: list[Seq]) -> None:
+        """One engine step: prefill the admitted, then decode every running sequence.
+
+        The step's time is charged to the sequences it computed (``_settle``) before
+        the ones that finished in it are told, so their usage includes this step."""
+        t0 = time.perf_counter()
+        charged: list[tuple[Seq, int]] = []
+        try:
+            rows = self._step(admitted, charged)
+        finally:
+            dt = time.perf_counter() - t0
+            self._settle(charged, dt)
+        self.stats.steps += 1
+        self.stats.step_s += dt
+        self.stats.recent_steps.append(dt)
+        self.stats.max_rows = max(self.stats.max_rows, rows)
+        if self.on_step is not None:
+            self.on_step(rows, dt)
+
+    def _settle(self, charged: list[tuple[Seq, int]], dt: float) -> None:
+        """Split the step's ``dt`` among ``charged`` (sequence, its tokens in the step),
+        then deliver the step's finishes and its failures."""
+        for (s, _), share in zip(charged, split(dt, [w for _, w in charged]), strict=True):
+            s.accel_s += share
+        finishing, self._finishing = self._finishing, []
+        for s, reason in finishing:
+            s.sink.finish(reason, s.usage())
+        faults, self._faults = self._faults, []
+        for s, e in faults:
+            s.sink.fail(blame("the next token of this request", e, self._computed))
+
+    def _step(self, admitted: list[Seq], charged: list[tuple[Seq, int]]) -> int:
+        self._drop_cancelled()
+        self._computed = False
+        prev = self._running
+        joined: list[Seq] = []
+        new_kv = None
+        oom = False
+        if admitted:  # prefill first: a joining realtime sequence gets its token now
+            for s in admitted:
+                if not s.started:
+                    s.started = True
+                    self._start(s, charged)
+            admitted = [s for s in admitted if not s.done]
+        if admitted:
+            deferred: list[Seq] = []
+            chunked: list[Seq] = []
+            faults = len(self._faults)
+            for group, logits, kv, computed in self._prefill(admitted, bool(prev), deferred):
+                whole = [i for i, s in enumerate(group) if s.chunk_to is None]
+                for i, s in enumerate(group):
+                    charged.append((s, computed[i]))
+                    if s.chunk_to is not None:  # this chunk's state, for its next step
+                        s.past = Past.of_row(kv, i, s.chunk_to)
+                        s.chunk_to = None
+                        chunked.append(s)
+                        self.stats.chunks += 1
+                    else:
+                        s.past = None
+                        s.pos = len(s.tokens())
+                if not whole:
+                    continue
+                if len(whole) < len(group):
+                    kv, logits = kv.select(whole).trim(), logits[whole]
+                    group = [group[i] for i in whole]
+                self._advance(group, logits)
+                new_kv = KV.concat(new_kv, kv)
+                joined += group
+            for s in deferred + chunked:  # deferred: it fits once some of the batch ended
+                self._enqueue(s)
+            if deferred:
+                self._fit_rows = max(1, len(self._live()) + len(joined))
+            faults = len(self._faults) - faults
+            oom = bool(deferred) or len(joined) + len(chunked) + faults < len(admitted)
+        # A step that prefilled realtime rows ends there: their first token is out, and
+        # the running rows decode in the next step (one step later, not one step longer).
+        # Never twice in a row, so that arrivals at every step cannot stall the decodes.
+        rushed = bool(admitted) and admitted[0].priority == 0 and not self._rushed
+        self._rushed = rushed
+        if prev and not rushed:
+            prev, shed = self._decode(prev, charged)
+            oom = oom or shed
+        if new_kv is not None:
+            self._join(prev, joined, new_kv)
+        else:
+            self._running = prev
+        if not self._running:
+            self._kv = None
+        rows = len(self._live())
+        self._reap()
+        self._grow_back(oom)
+        return rows
