@@ -32,19 +32,19 @@ $(CHROMIUM):
 demo: $(STAMP)
 	$(BIN)/python -m bench.demo
 
-# The tests that share the session's stacks (the end-to-end tests, the failure
-# matrix) run in one pytest process, in order; every other test (those that start a
-# stack of their own: the CLI's `inferq up`, the supervised `up`, the backend restarts,
-# the private services and the own-models stack, to even out the two) runs beside it
-# in a second one: the two cores are shared by the two processes' stacks.
-STACK_TESTS := $(addprefix tests/integration/,test_e2e_batches.py test_e2e_chat.py \
+# tests/e2e (the service end to end on the session's stacks of real processes: the
+# end-to-end tests, the failure matrix) run in one pytest process, in this order; unit/
+# and integration/ (those that start a stack of their own, the CLI's `inferq up`, the
+# supervised `up`, the backend restarts, the private services, even out the two) run
+# beside it in a second one: the two cores are shared by the two processes' stacks.
+STACK_TESTS := $(addprefix tests/e2e/,test_e2e_batches.py test_e2e_chat.py \
 	test_e2e_shapes.py test_e2e_context_length.py test_e2e_model_routing.py \
 	test_failures.py test_backend_outages.py \
 	test_upload_memory.py test_fair_share.py test_usage.py \
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
 	test_metrics.py test_tracing.py test_admission.py test_simulated_fleet.py \
-	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py test_e2e_responses.py \
-	test_e2e_structured.py test_e2e_tools.py test_notebook_client.py)
+	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py \
+	test_e2e_responses.py test_e2e_structured.py test_e2e_tools.py test_notebook_client.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 # Each process's temporary files in a folder of this run's (kept when a test failed):
@@ -54,7 +54,7 @@ test: $(STAMP) $(CHROMIUM)
 	@echo "tests that run model workers: in the background, output in .test-stack.log"
 	@tmp=$$(mktemp -d /tmp/inferq-test.XXXXXX); \
 	$(PYTEST) --basetemp=$$tmp/stack $(STACK_TESTS) > .test-stack.log 2>&1 & stack=$$!; \
-	$(PYTEST) --basetemp=$$tmp/other $(addprefix --ignore=,$(STACK_TESTS)) tests; \
+	$(PYTEST) --basetemp=$$tmp/other tests/unit tests/integration; \
 	other=$$?; \
 	wait $$stack; status=$$?; cat .test-stack.log; \
 	[ $$other -eq 0 ] && [ $$status -eq 0 ] && rm -rf $$tmp

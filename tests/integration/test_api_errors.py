@@ -12,7 +12,7 @@ import pytest
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.tenants import auth
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 
 def assert_error(resp: Any, status: int, param: str | None = None) -> dict[str, Any]:

@@ -26,16 +26,16 @@ import pytest
 
 from jobs.core.context import Context
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
-from tests.conftest import AWS_ENV, free_port
-from tests.integration.conftest import CHUNK
-from tests.integration.helpers import jsonl, upload, wait
-from tests.integration.test_failures import (
+from tests.conftest import CHUNK, free_port
+from tests.e2e.test_failures import (
     batch_rows,
     exactly_once,
     recomputed,
     shards,
-    wait_for,
 )
+from tests.helpers import jsonl, upload, wait
+from tests.polling import until
+from tests.stacks import context_of, running_stack, sdk_of
 
 pytestmark = pytest.mark.slow
 
@@ -72,34 +72,23 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
 
 @pytest.fixture(scope="module")
 def rstack(settings, broker, database, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from cli.stack import Stack
-
-    st = settings.model_copy(update={"redis_url": broker.url, "database_url": database.url,
-                                     "chunk_rows": CHUNK, "shard_rows": 400,
-                                     "lease_seconds": 3.0, "janitor_interval_s": 1.0,
-                                     "stranded_shard_s": 5.0, "chat_model": "",
-                                     "data_dir": tmp_path_factory.mktemp("d")})
-    env = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
-    stack = Stack(st, port=free_port(), extra_env=env,
-                  log_dir=tmp_path_factory.mktemp("rlogs"), model_workers=0)
-    stack.start(api=True, workers=True)
-    yield stack
-    stack.stop()
+    with running_stack(settings, s3_endpoint, tmp_path_factory.mktemp("rlogs"),
+                       model_workers=0, redis_url=broker.url, database_url=database.url,
+                       chunk_rows=CHUNK, shard_rows=400, lease_seconds=3.0,
+                       janitor_interval_s=1.0, stranded_shard_s=5.0, chat_model="",
+                       data_dir=tmp_path_factory.mktemp("d")) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
 def rctx(rstack) -> Iterator[Context]:  # type: ignore[no-untyped-def]
-    c = Context(rstack.settings)
-    yield c
-    c.close()
+    with context_of(rstack) as c:
+        yield c
 
 
 @pytest.fixture
 def rsdk(rstack):  # type: ignore[no-untyped-def]
-    from openai import OpenAI
-
-    return OpenAI(base_url=rstack.base_url + "/v1", api_key=rstack.api_key,
-                  _strict_response_validation=True, max_retries=0, timeout=120)
+    return sdk_of(rstack)
 
 
 @pytest.fixture
@@ -107,7 +96,7 @@ def two_workers(rstack, broker) -> Iterator[list[Any]]:  # type: ignore[no-untyp
     start = time.time() - 1
     procs = [rstack.start_model_worker(f"r{i}-{time.monotonic_ns()}", "batch")
              for i in range(2)]
-    wait_for(lambda: len(heartbeats(broker.url, since=start)) >= 2, timeout=120,
+    until(lambda: len(heartbeats(broker.url, since=start)) >= 2, timeout=120,
              what="both workers up")
     yield procs
     for p in procs:
@@ -131,7 +120,7 @@ def start_batch(rsdk, rctx, n: int) -> tuple[Any, list[dict[str, Any]], int]:  #
     rows = batch_rows(n)
     b = rsdk.batches.create(input_file_id=upload(rsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: sum(s.chunks_done for s in shards(rctx, b.id)) >= 4
+    until(lambda: sum(s.chunks_done for s in shards(rctx, b.id)) >= 4
              and any(s.status == "running" for s in shards(rctx, b.id)),
              what="shards in progress")
     return b, rows, sum(s.status == "running" for s in shards(rctx, b.id))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 EMB = {"model": "all-MiniLM-L6-v2", "input": "hello"}
 CHAT = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, fresh_database
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from jobs.core.settings import Settings
 from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
 from jobs.tenants import auth
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
 OVERVIEW_KEYS = {"object", "scope", "project_id", "generated_at", "lanes", "workers",
@@ -43,7 +43,7 @@ def as_key(app: Any, key: str | None) -> Any:
     return c
 
 
-def make_batch(c: Any, rows: int = 1) -> str:
+def submit_batch(c: Any, rows: int = 1) -> str:
     fid = c.post("/v1/files", content_type="multipart/form-data", data={
         "file": (io.BytesIO(jsonl([emb_line(i, f"text {i}") for i in range(rows)])),
                  "in.jsonl"), "purpose": "batch"}).get_json()["id"]
@@ -66,8 +66,8 @@ def assert_error(resp: Any, status: int, etype: str) -> dict[str, Any]:
 
 def test_a_project_key_sees_its_project_and_the_admin_key_every_project(
         app: Any, ctx: Context, tenant_key: str, other_tenant_key: str, admin_key: str) -> None:
-    mine = make_batch(as_key(app, tenant_key))
-    theirs = make_batch(as_key(app, other_tenant_key))
+    mine = submit_batch(as_key(app, tenant_key))
+    theirs = submit_batch(as_key(app, other_tenant_key))
     project = auth.authenticate(ctx, tenant_key).tenant_id
 
     got = as_key(app, tenant_key).get("/v1/dashboard/overview")
@@ -90,7 +90,7 @@ def test_a_project_key_sees_its_project_and_the_admin_key_every_project(
 
 def test_another_projects_batch_is_not_found(app: Any, tenant_key: str, other_tenant_key: str,
                                              admin_key: str) -> None:
-    mine = make_batch(as_key(app, tenant_key))
+    mine = submit_batch(as_key(app, tenant_key))
     err = assert_error(as_key(app, other_tenant_key).get(f"/v1/dashboard/batches/{mine}"),
                        404, "invalid_request_error")
     assert err["param"] == "batch_id"
@@ -163,7 +163,7 @@ def own(own_settings: Settings) -> Iterator[Own]:
 def running_batch(own: Own, rows: int = 250) -> str:
     """A validated batch (in_progress, shards of 100 rows) whose first shard committed a
     chunk of 50 (48 ok, 2 failed) on worker ``w-test``, started 10 s ago."""
-    batch_id = make_batch(as_key(own.app, own.key), rows)
+    batch_id = submit_batch(as_key(own.app, own.key), rows)
     service.validate_batch(own.ctx, batch_id)  # the test is the control worker
     with own.ctx.db.session() as s:
         b = s.get(Batch, batch_id)

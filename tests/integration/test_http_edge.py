@@ -26,7 +26,7 @@ from jobs.fleet import builtin_models
 from jobs.protocol.batch import BatchCreate
 from jobs.tenants import auth
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
-from tests.integration.helpers import emb_line, jsonl, upload
+from tests.helpers import emb_line, jsonl, upload
 
 LIMITS = {"INFERQ_API_HEADER_TIMEOUT_S": "1", "INFERQ_API_BODY_TIMEOUT_S": "1",
           "INFERQ_API_KEEPALIVE_S": "2", "INFERQ_API_MAX_CONNECTIONS_PER_CLIENT": "400",

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from jobs.core.schema import Batch, File
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 
 def post_file(client: Any, data: bytes, key: str) -> Any:

@@ -17,7 +17,7 @@ from jobs.core.upload_tables import Upload, UploadPart
 from jobs.tenants import auth
 from jobs.tenants import projects as tenants
 from jobs.webhooks import events as webhooks
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 ORG = "/v1/organization/projects"
 # (method, rule) -> path with A's ids ({file_id}, ...) and B's own ({b_project_id}), sent

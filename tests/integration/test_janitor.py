@@ -19,12 +19,12 @@ from jobs.batches import fairshare, janitor, service
 from jobs.batches.outputs import Tokens
 from jobs.core.context import Context
 from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatcher, make_celery
-from jobs.core.schema import Batch, File, Shard, new_id
+from jobs.core.schema import Batch, Shard
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
 from jobs.fleet import heartbeats
-from jobs.tenants import auth
 from tests.conftest import free_port
+from tests.factories import batch_rows
 
 
 @pytest.fixture
@@ -40,27 +40,12 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
 
 def make_batch(ctx: Context, shards: list[dict[str, object]],
                **batch: object) -> list[str]:
-    tenant_id, _ = auth.create_tenant(ctx, "janitor")
-    with ctx.db.session() as s:
-        f = File(id=new_id("file-"), tenant_id=tenant_id, filename="in.jsonl", purpose="batch",
-                 format="jsonl", bytes=1, object_key="x")
-        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint="/v1/embeddings",
-                  input_file_id=f.id, completion_window="24h",
-                  **{"status": BatchStatus.IN_PROGRESS, "expires_at": int(time.time()) + 3600,
-                     **batch})
-        s.add(f)
-        s.flush()
-        s.add(b)
-        s.flush()
-        ids = [b.id]
-        for i, kw in enumerate(shards):
-            # sent to the broker unless a test says otherwise (dispatched_at None:
-            # waiting for the fair dispatcher)
-            sh = Shard(id=f"{b.id}.{i:06d}", batch_id=b.id, index=i, object_key="x", rows=10,
-                       **{"dispatched_at": time.time(), **kw})
-            s.add(sh)
-            ids.append(sh.id)
-    return ids[1:] if shards else ids
+    """The shard ids of a new batch (its id when it has none); its shards sent to the
+    broker unless a test says otherwise (dispatched_at None: waiting for the fair
+    dispatcher)."""
+    batch_id, ids = batch_rows(ctx, [{"dispatched_at": time.time(), **kw} for kw in shards],
+                               **batch)
+    return ids if shards else [batch_id]
 
 
 def test_a_lapsed_shard_of_a_cancelled_batch_ends_it_without_a_worker(jctx) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from sqlalchemy import delete
 from jobs.core.context import Context
 from jobs.core.schema import Model
 from jobs.fleet import catalog, registry
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 SUFFIX = secrets.token_hex(3)
 EMBEDDER = f"catalog-embedder-{SUFFIX}"

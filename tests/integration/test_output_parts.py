@@ -13,7 +13,6 @@ driven directly by runners the test controls (no workers, no sleeps).
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import time
 from collections import Counter
@@ -32,9 +31,9 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardOutcome, ShardStatus
-from jobs.tenants import auth
 from storage import keys
 from storage.parquet import shard_bytes
+from tests.factories import batch_rows
 from workers.shards.pipeline import process_shard
 from workers.shards.runners import Chunk, Lines
 
@@ -106,23 +105,11 @@ def worker_ctx(ctx: Context, chunk_rows: int) -> Context:
 
 def make_batch(ctx: Context, rows: int = ROWS, **shard: Any) -> tuple[str, str]:
     """A batch in progress with one shard of ``rows`` requests; (batch id, shard id)."""
-    tenant_id, _ = auth.create_tenant(ctx, f"parts-{secrets.token_hex(4)}")
     batch_id = new_id("batch_")
     ctx.store.put_bytes(keys.shard_input(batch_id, 0), shard_bytes(
         [(i + 1, f"req-{i}", orjson.dumps({"input": "x"}).decode(), i) for i in range(rows)]))
-    with ctx.db.session() as s:
-        f = File(id=new_id("file-"), tenant_id=tenant_id, filename="in.jsonl",
-                 purpose="batch", format="jsonl", bytes=1, object_key="files/none")
-        s.add(f)
-        s.flush()
-        s.add(Batch(id=batch_id, tenant_id=tenant_id, endpoint="/v1/embeddings",
-                    input_file_id=f.id, completion_window="24h",
-                    status=BatchStatus.IN_PROGRESS, total=rows,
-                    expires_at=int(time.time()) + 3600))
-        s.flush()
-        sid = f"{batch_id}.000000"
-        s.add(Shard(id=sid, batch_id=batch_id, index=0, rows=rows,
-                    object_key=keys.shard_input(batch_id, 0), **shard))
+    _, (sid,) = batch_rows(ctx, [{"rows": rows, "object_key": keys.shard_input(batch_id, 0),
+                                  **shard}], id=batch_id, file_key="files/none", total=rows)
     return batch_id, sid
 
 

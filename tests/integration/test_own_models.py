@@ -35,7 +35,7 @@ from jobs.fleet import catalog, publishing, registry
 from jobs.fleet.heartbeats import live_workers
 from jobs.tenants import auth
 from storage import keys
-from tests.integration.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
+from tests.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
 
 pytestmark = pytest.mark.slow
 

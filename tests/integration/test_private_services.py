@@ -20,7 +20,7 @@ def test_suite_runs_on_private_services() -> None:
     env = {**os.environ, "INFERQ_TEST_PRIVATE_SERVICES": "1", "INFERQ_CHAT_MODEL": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-         "tests/integration/test_e2e_batches.py::test_batch_roundtrip_with_openai_sdk"],
+         "tests/e2e/test_e2e_batches.py::test_batch_roundtrip_with_openai_sdk"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

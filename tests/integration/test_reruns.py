@@ -28,7 +28,7 @@ from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
 from jobs.tenants import auth
-from tests.integration.helpers import emb_line, held_models, jsonl
+from tests.helpers import emb_line, held_models, jsonl
 
 MODEL = "all-MiniLM-L6-v2"
 BASE = "http://inferq.test"

@@ -22,7 +22,7 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch, File, IdempotencyKey, UsageRecord, new_id, now
 from jobs.core.webhook_tables import WebhookDelivery, WebhookEvent
 from storage import keys
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 from tests.integration.test_uploads import MODEL, error, sdk, world  # noqa: F401 - fixture
 
 DAY = 86400

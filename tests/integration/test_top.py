@@ -33,7 +33,7 @@ from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
 from jobs.tenants import auth
 from tests.conftest import free_port
-from tests.integration.test_dashboard_api import MODEL, as_key, make_batch
+from tests.integration.test_dashboard_api import MODEL, as_key, submit_batch
 
 CLI = [sys.executable, "-m", "cli.main", "top"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>78]")
@@ -82,7 +82,7 @@ def api(own_settings: Settings, tmp_path: Path) -> Iterator[Api]:
     key = auth.create_tenant(ctx, f"top-{secrets.token_hex(3)}")[1]
     admin_key = f"iq-admin-{secrets.token_urlsafe(16)}"
     auth.ensure_admin_key(ctx, admin_key)
-    batch_id = make_batch(as_key(app, key), rows=250)
+    batch_id = submit_batch(as_key(app, key), rows=250)
     service.validate_batch(ctx, batch_id)  # the test is the control worker
     with ctx.db.session() as s:
         b = s.get(Batch, batch_id)

@@ -36,7 +36,7 @@ from jobs.core.schema import Shard
 from jobs.core.settings import Settings
 from jobs.fleet.heartbeats import live_workers
 from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,6 @@ lane) in this process."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -30,6 +29,7 @@ from jobs.protocol.endpoints import CHAT
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
 from jobs.tenants import auth
+from tests.polling import until
 from workers.lanes.jobs import JobsConsumer
 from workers.models.residency import Commands, Residency, Resident
 
@@ -84,14 +84,6 @@ def pctx(own_settings: Settings) -> Iterator[Context]:
 @pytest.fixture
 def tenant(pctx: Context) -> str:
     return auth.authenticate(pctx, auth.create_tenant(pctx, "unplaceable")[1]).tenant_id
-
-
-def until(check: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, "not within the bound"
-        time.sleep(0.1)
-    return got
 
 
 def test_a_job_pushed_while_no_jobs_worker_was_live_fails_once_one_is(

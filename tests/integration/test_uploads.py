@@ -29,7 +29,7 @@ from jobs.fleet import registry
 from jobs.tenants import auth
 from storage import keys
 from tests.conftest import fresh_database
-from tests.integration.helpers import emb_line, jsonl
+from tests.helpers import emb_line, jsonl
 
 PART_LIMIT = 64 * 1024  # the app's max_upload_part_bytes here
 MAX_BYTES = 4 * 1024 * 1024  # and its max_upload_bytes

@@ -17,16 +17,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai import OpenAI
 from sqlalchemy import select
 
 from jobs.core.context import Context
 from jobs.core.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEvent
 from storage.embedded import EmbeddedRedis
-from tests.conftest import AWS_ENV, free_port
-from tests.integration.helpers import jsonl, wait
-from tests.integration.receiver import receiver
+from tests.conftest import free_port
+from tests.helpers import jsonl, wait
 from tests.integration.test_backend_restarts import Database
+from tests.receiver import receiver
+from tests.stacks import running_stack, sdk_of
 
 pytestmark = pytest.mark.slow
 READ_TIMEOUT_S = 1.5
@@ -48,20 +48,14 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
 
 @pytest.fixture(scope="module")
 def dstack(settings, broker, database, s3_endpoint, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from cli.stack import Stack
-
-    st = settings.model_copy(update={
-        "redis_url": broker.url, "database_url": database.url, "chat_model": "",
-        "data_dir": tmp_path_factory.mktemp("wd"), "janitor_interval_s": 1.0,
-        "webhook_allow_hosts": "127.0.0.1", "webhook_connect_timeout_s": 1.0,
-        "webhook_read_timeout_s": READ_TIMEOUT_S, "webhook_lease_margin_s": 1.0,
-        "webhook_retry_base_s": 0.3, "webhook_retry_max_s": 1.0,
-        "webhook_poll_interval_s": 0.05})
-    stack = Stack(st, port=free_port(), extra_env={**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint},
-                  log_dir=tmp_path_factory.mktemp("wdlogs"), model_workers=0)
-    stack.start(api=True, workers=True)
-    yield stack
-    stack.stop()
+    with running_stack(settings, s3_endpoint, tmp_path_factory.mktemp("wdlogs"),
+                       model_workers=0, redis_url=broker.url, database_url=database.url,
+                       chat_model="", data_dir=tmp_path_factory.mktemp("wd"),
+                       janitor_interval_s=1.0, webhook_allow_hosts="127.0.0.1",
+                       webhook_connect_timeout_s=1.0, webhook_read_timeout_s=READ_TIMEOUT_S,
+                       webhook_lease_margin_s=1.0, webhook_retry_base_s=0.3,
+                       webhook_retry_max_s=1.0, webhook_poll_interval_s=0.05) as stack:
+        yield stack
 
 
 def kill_control(stack: Any) -> None:
@@ -78,8 +72,7 @@ def start_control(stack: Any) -> None:
 
 def test_a_killed_control_worker_and_backend_restarts_lose_no_delivery(
         dstack: Any, database: Database, broker: EmbeddedRedis) -> None:
-    sdk = OpenAI(base_url=dstack.base_url + "/v1", api_key=dstack.api_key,
-                 _strict_response_validation=True, max_retries=0, timeout=60)
+    sdk = sdk_of(dstack, timeout=60)
     accepting = False
     with receiver(lambda _w, _n: "ok" if accepting else "hang",
                   hang_s=READ_TIMEOUT_S + 3) as rx:

@@ -24,7 +24,6 @@ from typing import Any, cast
 import httpx2
 import openai
 import pytest
-from openai import OpenAI
 from sqlalchemy import select, update
 
 from jobs.asyncjobs import lifecycle as asyncjobs
@@ -32,9 +31,10 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch
 from jobs.core.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEvent
 from jobs.tenants import auth
-from tests.conftest import AWS_ENV, RedisDatabases, free_port, fresh_database
-from tests.integration.helpers import emb_line, jsonl, wait
-from tests.integration.receiver import receiver
+from tests.conftest import RedisDatabases, free_port, fresh_database
+from tests.helpers import emb_line, jsonl, wait
+from tests.receiver import receiver
+from tests.stacks import context_of, running_stack, sdk_of
 
 ALL_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled",
               "job.completed", "job.failed"]
@@ -45,36 +45,20 @@ READ_TIMEOUT_S = 1.0
 @pytest.fixture(scope="module")
 def wstack(settings, pg_admin_url: str, redis_dbs: RedisDatabases, s3_endpoint: str,  # type: ignore[no-untyped-def]
            tmp_path_factory: pytest.TempPathFactory):
-    from cli.stack import Stack
-
-    with fresh_database(pg_admin_url) as db, redis_dbs.lend() as rdb:
-        st = settings.model_copy(update={
-            "database_url": db, "redis_url": rdb, "chat_model": "",
-            "webhook_allow_hosts": "127.0.0.1", "webhook_connect_timeout_s": 1.0,
-            "webhook_read_timeout_s": READ_TIMEOUT_S, "webhook_lease_margin_s": 1.0,
-            "webhook_retry_base_s": 0.3, "webhook_retry_max_s": 2.0,
-            "webhook_poll_interval_s": 0.05, "janitor_interval_s": 1.0,
-            "webhook_concurrency": 4, "webhook_concurrency_per_target": 2,
-            "stranded_shard_s": 5.0})
-        stack = Stack(st, port=free_port(), extra_env={**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint},
-                      log_dir=tmp_path_factory.mktemp("wlogs"), model_workers=0)
-        stack.start(api=True, workers=True)
-        try:
-            yield stack
-        finally:
-            stack.stop()
+    with fresh_database(pg_admin_url) as db, redis_dbs.lend() as rdb, running_stack(
+            settings, s3_endpoint, tmp_path_factory.mktemp("wlogs"), model_workers=0,
+            database_url=db, redis_url=rdb, chat_model="", webhook_allow_hosts="127.0.0.1",
+            webhook_connect_timeout_s=1.0, webhook_read_timeout_s=READ_TIMEOUT_S,
+            webhook_lease_margin_s=1.0, webhook_retry_base_s=0.3, webhook_retry_max_s=2.0,
+            webhook_poll_interval_s=0.05, janitor_interval_s=1.0, webhook_concurrency=4,
+            webhook_concurrency_per_target=2, stranded_shard_s=5.0) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
 def wctx(wstack) -> Iterator[Context]:  # type: ignore[no-untyped-def]
-    c = Context(wstack.settings)
-    yield c
-    c.close()
-
-
-def sdk_for(stack: Any, key: str) -> OpenAI:
-    return OpenAI(base_url=stack.base_url + "/v1", api_key=key,
-                  _strict_response_validation=True, max_retries=0, timeout=60)
+    with context_of(wstack) as c:
+        yield c
 
 
 def http_for(stack: Any, key: str) -> httpx2.Client:
@@ -88,7 +72,7 @@ def other_key(wctx: Context) -> str:
 
 
 def test_endpoints_through_the_sdk(wstack: Any, other_key: str) -> None:
-    sdk, other = sdk_for(wstack, wstack.api_key), sdk_for(wstack, other_key)
+    sdk, other = sdk_of(wstack, wstack.api_key, timeout=60), sdk_of(wstack, other_key, timeout=60)
     with receiver() as rx:
         created = sdk.webhooks.create(name="etl", url=rx.url(),
                                       event_types=["batch.completed", "batch.failed"])
@@ -153,7 +137,7 @@ def test_endpoints_through_the_sdk(wstack: Any, other_key: str) -> None:
     ("http://[::1]:9/hook", "loopback"),
 ])
 def test_a_url_that_may_not_be_sent_to_is_a_400(wstack: Any, url: str, why: str) -> None:
-    sdk = sdk_for(wstack, wstack.api_key)
+    sdk = sdk_of(wstack, wstack.api_key, timeout=60)
     with pytest.raises(openai.BadRequestError) as e:
         sdk.webhooks.create(name="x", url=url, event_types=["batch.failed"])
     assert why in e.value.message and e.value.code == "invalid_url"
@@ -166,14 +150,14 @@ def test_a_url_that_may_not_be_sent_to_is_a_400(wstack: Any, url: str, why: str)
 
 def test_unknown_event_types_and_a_missing_callback_secret_are_400(wstack: Any,
                                                                    other_key: str) -> None:
-    sdk = sdk_for(wstack, wstack.api_key)
+    sdk = sdk_of(wstack, wstack.api_key, timeout=60)
     with pytest.raises(openai.BadRequestError) as e:
         sdk.webhooks.create(name="x", url="http://127.0.0.1:9/h",
                             event_types=["response.completed"])
     assert e.value.code == "unsupported_event_type"
     with receiver() as rx:  # the other project never made its callback secret
         with pytest.raises(openai.BadRequestError) as e:
-            sdk_for(wstack, other_key).post("/jobs", cast_to=object, body={
+            sdk_of(wstack, other_key, timeout=60).post("/jobs", cast_to=object, body={
                 "endpoint": "/v1/embeddings", "body": {"model": MODEL, "input": "x"},
                 "callback_url": rx.url()})
     assert e.value.code == "callback_secret_missing"
@@ -183,7 +167,7 @@ def test_unknown_event_types_and_a_missing_callback_secret_are_400(wstack: Any,
 def test_a_test_delivery_succeeds_only_when_a_delivery_would(wstack: Any, answer: str) -> None:
     """The rule of real deliveries (a 2xx answer, redirects not followed): a test
     answered otherwise is a 400 saying what the endpoint answered, never a success."""
-    sdk = sdk_for(wstack, wstack.api_key)
+    sdk = sdk_of(wstack, wstack.api_key, timeout=60)
     with receiver(lambda _wid, _n: answer) as rx:
         url = (f"http://127.0.0.1:{free_port()}/hook" if answer == "refused"  # nothing listens
                else rx.url())
@@ -225,7 +209,7 @@ def ended_job(ctx: Context, job_id: str, error: bool) -> None:
 
 
 def test_every_event_arrives_signed_through_failures(wstack: Any, wctx: Context) -> None:
-    sdk = sdk_for(wstack, wstack.api_key)
+    sdk = sdk_of(wstack, wstack.api_key, timeout=60)
     with receiver(flaky, hang_s=READ_TIMEOUT_S + 1.0) as rx, \
             http_for(wstack, wstack.api_key) as h:
         endpoint = sdk.webhooks.create(name="all", url=rx.url("/hook"),
@@ -342,7 +326,7 @@ def test_a_receiver_that_hangs_does_not_hold_up_the_others(wstack: Any, wctx: Co
     """A receiver that never answers in time, with a backlog larger than every send slot,
     holds at most its share of the slots (``webhook_concurrency_per_target``), each for
     at most the read timeout: a healthy receiver's events all arrive meanwhile."""
-    sdk = sdk_for(wstack, wstack.api_key)
+    sdk = sdk_of(wstack, wstack.api_key, timeout=60)
     st = wstack.settings
     with receiver(lambda _w, _n: "hang", hang_s=READ_TIMEOUT_S + 1.0) as slow, \
             receiver() as fast:

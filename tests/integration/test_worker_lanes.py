@@ -27,7 +27,7 @@ from jobs.protocol.endpoints import CHAT, EMBEDDINGS
 from jobs.realtime import client as realtime
 from jobs.realtime.client import RealtimeClient, TokenStream
 from jobs.tenants import auth
-from tests.integration.helpers import held_models
+from tests.helpers import held_models
 
 MODEL = "all-MiniLM-L6-v2"
 CHAT_MODEL = "SmolLM2-135M-Instruct"

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from jobs.core.context import Context
 from jobs.core.schema import Shard
-from tests.integration.helpers import chat_line, jsonl, upload, wait
+from tests.helpers import chat_line, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow
 

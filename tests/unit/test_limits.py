@@ -1,6 +1,6 @@
 """The pure arithmetic of the rate limits (jobs/tenants/limits.py, token_counts.py): token
 estimates, the reset format, limits over defaults, reading usage from a worker's answer.
-The decisions themselves run in Redis (tests/integration/test_limits.py)."""
+The decisions themselves run in Redis (tests/e2e/test_limits.py)."""
 
 from __future__ import annotations
 

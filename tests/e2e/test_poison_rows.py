@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import chat_line, jsonl, lines, upload, wait
+from tests.helpers import chat_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"

@@ -14,17 +14,10 @@ import openai
 import pytest
 from openai import OpenAI
 
+from tests.polling import until
+
 MODEL = "all-MiniLM-L6-v2"
 LIMIT = 3
-
-
-def until(fetch: Any, ok: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fetch()
-        if ok(got) or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from jobs.core.context import Context
 from jobs.fleet import own_models, registry
-from tests.integration.helpers import jsonl, lines, served, upload, wait
+from tests.helpers import jsonl, lines, served, upload, wait
 from tests.unit.test_tools import HERMES, SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.slow

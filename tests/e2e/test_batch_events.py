@@ -27,7 +27,7 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch, File, Shard, new_id, now
 from jobs.core.settings import Settings
 from jobs.tenants import auth
-from tests.integration.helpers import emb_line, jsonl, upload, wait
+from tests.helpers import emb_line, jsonl, upload, wait
 
 
 @dataclass

@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import select
 
 from jobs.core.schema import Shard
-from tests.integration.conftest import CHUNK
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.conftest import CHUNK
+from tests.helpers import emb_line, jsonl, lines, upload, wait
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +28,6 @@ def shards(ctx, batch_id: str) -> list[Shard]:  # type: ignore[no-untyped-def]
     with ctx.db.session() as s:
         return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id)
                               .order_by(Shard.index)))
-
-
-def wait_for(cond: Any, timeout: float = 120, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.1)
 
 
 def exactly_once(fsdk, b, rows) -> None:  # type: ignore[no-untyped-def]
@@ -80,7 +73,7 @@ def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, fctx) -> None
     first = workers("k1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+    until(lambda: any(s.chunks_done >= 2 and s.status == "running"
                          for s in shards(fctx, b.id)), what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
@@ -100,7 +93,7 @@ def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers,
     first = workers("chunk40")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+    until(lambda: any(s.chunks_done >= 2 and s.status == "running"
                          for s in shards(fctx, b.id)), what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
@@ -119,7 +112,7 @@ def sigterm_drains(fsdk, workers, fctx, rows, endpoint: str, **env: str) -> None
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint=endpoint, completion_window="24h",
                             extra_body={"service_tier": "flex"})
-    wait_for(lambda: any(s.chunks_done >= 1 and s.status == "running"
+    until(lambda: any(s.chunks_done >= 1 and s.status == "running"
                          for s in shards(fctx, b.id)), timeout=300,
              what="a flex shard in progress")
     t0 = time.monotonic()
@@ -142,7 +135,7 @@ def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -
 
 
 def chat_rows(n: int, model: str) -> list[dict[str, Any]]:
-    from tests.integration.helpers import chat_line
+    from tests.helpers import chat_line
 
     return [chat_line(i, f"Tell a story about the number {i}.", model, max_tokens=16)
             for i in range(n)]
@@ -157,7 +150,7 @@ def test_kill_9_mid_generation_shard_on_vllm_resumes_elsewhere(  # type: ignore[
     first = workers("vk1", **env)
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/chat/completions", completion_window="24h")
-    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running"
+    until(lambda: any(s.chunks_done >= 2 and s.status == "running"
                          for s in shards(fctx, b.id)), timeout=300, what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
@@ -201,7 +194,7 @@ def task_outcome(fstack, task_id: str, timeout: float = 60) -> str:  # type: ign
                 return True
         return False
 
-    wait_for(returned, timeout=timeout, what=f"task {task_id} to return")
+    until(returned, timeout=timeout, what=f"task {task_id} to return")
     return found[0]
 
 
@@ -213,7 +206,7 @@ def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # 
     workers("d2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.status == "running" for s in shards(fctx, b.id)),
+    until(lambda: any(s.status == "running" for s in shards(fctx, b.id)),
              what="the shard running")
     sid = shards(fctx, b.id)[0].id
     while_running = [redeliver(fctx, sid) for _ in range(3)]
@@ -234,7 +227,7 @@ def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, fctx) -> No
     workers("e1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: any(s.chunks_done >= 1 for s in shards(fctx, b.id)), what="progress")
+    until(lambda: any(s.chunks_done >= 1 for s in shards(fctx, b.id)), what="progress")
     with fctx.db.session() as s:
         s.get(Batch, b.id).expires_at = 0  # the window has passed
     b = wait(fsdk, b.id, timeout=120)
@@ -251,7 +244,7 @@ def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, fctx)
     workers("c2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
-    wait_for(lambda: sum(s.chunks_done for s in shards(fctx, b.id)) >= 2
+    until(lambda: sum(s.chunks_done for s in shards(fctx, b.id)) >= 2
              and any(s.status == "running" for s in shards(fctx, b.id)), what="progress")
     running = sum(s.status == "running" for s in shards(fctx, b.id))
     at_cancel = computed(fctx, b.id)
@@ -271,7 +264,7 @@ def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, fctx) 
     (503 SlowDown) or drops about one request in five, in bursts that outlast
     botocore's own retries. Nothing is lost or written twice, and results are only
     recomputed when a whole shard attempt gave up, one chunk at most each time."""
-    from tests.integration.flaky_proxy import FlakyProxy
+    from tests.flaky_proxy import FlakyProxy
 
     rows = batch_rows(800)
     with FlakyProxy(os.environ["AWS_ENDPOINT_URL"], every=40, burst=7, single=6) as proxy:
@@ -310,7 +303,7 @@ def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers
     """The chat engine under injected OOM (rows x cache width above 400 tokens): decode
     steps that do not fit send sequences back to the queue, which resume where they
     were; the one prompt that does not fit even alone fails by itself."""
-    from tests.integration.helpers import chat_line
+    from tests.helpers import chat_line
 
     chat = "SmolLM2-135M-Instruct"
     rows = [chat_line(i, f"Name a colour, number {i}.", chat, max_tokens=12)
@@ -332,7 +325,7 @@ def test_generation_out_of_memory_preempts_and_fails_alone(fstack, fsdk, workers
     assert len(outs) == 12
     assert all(o["response"]["body"]["usage"]["completion_tokens"] > 0 for o in outs)
     # The heartbeat publishes the engine's counters every second.
-    wait_for(lambda: worker_stats(fstack, "generation")["oom_failures"] == 1, timeout=15,
+    until(lambda: worker_stats(fstack, "generation")["oom_failures"] == 1, timeout=15,
              what="the worker to report the failure")
     assert worker_stats(fstack, "generation")["preemptions"] > 0
 
@@ -356,7 +349,7 @@ def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, f
                 return True
         return False
 
-    wait_for(breaker_open, timeout=120, what="the broken worker's breaker to open")
+    until(breaker_open, timeout=120, what="the broken worker's breaker to open")
     assert broken.poll() is None  # alive, but taking no work
     workers("healthy")
     b = wait(fsdk, b.id, timeout=300)

@@ -586,7 +586,7 @@ def stack_project(stack: Any, ctx: Context, **lim: Any) -> tuple[Project, Any]:
 
 
 def run_batch(sdk: Any, endpoint: str, bodies: list[dict[str, Any]]) -> Any:
-    from tests.integration.helpers import jsonl, upload, wait
+    from tests.helpers import jsonl, upload, wait
 
     f = upload(sdk, jsonl([{"custom_id": f"r{i}", "method": "POST", "url": endpoint,
                             "body": b} for i, b in enumerate(bodies)]))
@@ -631,7 +631,7 @@ def test_a_batchs_input_tokens_are_its_output_lines_prompt_tokens(
     """What validation charges the project is what the workers report, line by line
     summed: JSONL embeddings (texts, several texts, token ids), chat (templates, default
     system prompt, developer role, content parts) and completions."""
-    from tests.integration.helpers import lines
+    from tests.helpers import lines
 
     _, sdk = stack_project(stack, ctx)
     bodies = EXACT_CASES[endpoint]
@@ -650,7 +650,7 @@ def test_a_batch_that_fits_by_its_tokens_runs_and_one_token_over_fails(
     """batch_1_day_max_input_tokens counts tokens: a batch whose UTF-8 upper bound is
     far past the limit but whose tokens fit exactly completes; with a limit one token
     smaller the same batch fails with token_limit_exceeded."""
-    from tests.integration.helpers import lines
+    from tests.helpers import lines
 
     bodies = [{"model": EMB, "input": t * 4} for t in PROSE]
     tok = _minilm_tokenizer()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import secrets
 from collections import Counter
 from typing import Any
 
@@ -18,11 +17,12 @@ import pytest
 from jobs.batches import finalize, outputs
 from jobs.core import errors
 from jobs.core.context import Context
-from jobs.core.schema import Batch, File, Shard, Tenant, new_id
+from jobs.core.schema import Batch, File, new_id
 from jobs.core.status import BatchStatus, ShardStatus
 from jobs.protocol import shapes
 from storage import keys
-from tests.integration.helpers import jsonl, lines, upload, wait
+from tests.factories import batch_rows
+from tests.helpers import jsonl, lines, upload, wait
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMB_MODEL = "all-MiniLM-L6-v2"
@@ -39,21 +39,11 @@ def make_batch(ctx: Context, endpoint: str, parts: list[bytes], fmt: str = "parq
                rows: int = 2) -> str:
     """A batch whose one shard is done, with ``parts`` as its committed ok parts."""
     batch_id = new_id("batch_")
-    with ctx.db.session() as s:
-        t = Tenant(id=new_id("tenant_"), name=f"shapes-{secrets.token_hex(4)}")
-        s.add(t)
-        s.flush()
-        f = File(id=new_id("file-"), tenant_id=t.id, filename=f"in.{fmt}", purpose="batch",
-                 format=fmt, bytes=1, object_key="files/none")
-        s.add(f)
-        s.flush()
-        s.add(Batch(id=batch_id, tenant_id=t.id, endpoint=endpoint, input_file_id=f.id,
-                    completion_window="24h", status=BatchStatus.IN_PROGRESS, total=rows,
-                    model=CHAT_MODEL))
-        s.flush()
-        s.add(Shard(id=f"{batch_id}.0", batch_id=batch_id, index=0, rows=rows,
-                    object_key=keys.shard_input(batch_id, 0), status=ShardStatus.DONE,
-                    chunks_done=len(parts), rows_done=rows, completed=rows))
+    batch_rows(ctx, [{"rows": rows, "object_key": keys.shard_input(batch_id, 0),
+                      "status": ShardStatus.DONE, "chunks_done": len(parts),
+                      "rows_done": rows, "completed": rows}],
+               id=batch_id, file_format=fmt, file_key="files/none", endpoint=endpoint,
+               total=rows, model=CHAT_MODEL, expires_at=None)
     for chunk, data in enumerate(parts):
         ctx.store.put_bytes(keys.output_part(batch_id, 0, chunk, "ok"), data)
         ctx.store.put_bytes(keys.output_part(batch_id, 0, chunk, "err"), b"")

@@ -19,7 +19,7 @@ from jobs.core import redis_keys
 from jobs.core.context import Context
 from jobs.core.schema import Model
 from jobs.fleet import catalog, heartbeats, registry
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

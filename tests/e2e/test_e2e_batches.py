@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl, lines, served, upload, wait
+from tests.helpers import emb_line, jsonl, lines, served, upload, wait
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl, lines, served, upload, wait
+from tests.helpers import emb_line, jsonl, lines, served, upload, wait
 
 MODEL = "all-MiniLM-L6-v2"  # a 256-token context, 384 dimensions
 LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]

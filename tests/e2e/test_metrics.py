@@ -5,8 +5,6 @@ heartbeat) hold each series, and the counts match the work done."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
@@ -14,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.core.context import Context
 from jobs.tenants import auth
-from tests.integration.helpers import emb_line, jsonl, lines, upload
+from tests.helpers import emb_line, jsonl, lines, upload
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 EMB, CHAT = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
@@ -51,17 +50,6 @@ class Scrape:
 
 def delta(before: Scrape, after: Scrape, name: str, **labels: str) -> float:
     return after.value(name, **labels) - before.value(name, **labels)
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15) -> Any:
-    """``check()`` once it returns a true value (a stream's latency is observed when the
-    API closes its response, just after the client read the end)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +128,7 @@ def test_series_after_a_batch_a_stream_and_a_request(urls: dict[str, str], sdk, 
                     route="/v1/chat/completions", lane="realtime", model=CHAT, status="200")
         return s if got >= 1 else None
 
-    api1 = eventually(api_done)
+    api1 = until(api_done)
     assert api1 is not None, "the stream's request latency was never observed"
     for (route, method, status), n in calls.items():
         assert delta(api0, api1, "inferq_api_requests_total", route=route, method=method,

@@ -25,13 +25,14 @@ from sqlalchemy import select, update
 
 from jobs.batches import fairshare
 from jobs.core.context import Context
-from jobs.core.schema import Batch, DispatchDeficit, File, Shard, Tenant, new_id
+from jobs.core.schema import DispatchDeficit, Shard, Tenant, new_id
 from jobs.core.settings import Settings
-from jobs.core.status import BatchStatus, ShardStatus
+from jobs.core.status import ShardStatus
 from jobs.fleet import heartbeats
 from jobs.tenants import auth
 from tests.conftest import AWS_ENV, free_port
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.factories import batch_rows
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 from tests.integration.test_janitor import sent
 
 
@@ -53,20 +54,7 @@ def project(ctx: Context, name: str, weight: int = 1) -> str:
 
 def waiting_batch(ctx: Context, tenant_id: str, n: int, rows: int = 100) -> list[str]:
     """A batch in progress whose ``n`` shards wait for the dispatcher."""
-    with ctx.db.session() as s:
-        f = File(id=new_id("file-"), tenant_id=tenant_id, filename="in.jsonl",
-                 purpose="batch", format="jsonl", bytes=1, object_key="x")
-        b = Batch(id=new_id("batch_"), tenant_id=tenant_id, endpoint="/v1/embeddings",
-                  input_file_id=f.id, completion_window="24h", status=BatchStatus.IN_PROGRESS,
-                  expires_at=int(time.time()) + 3600)
-        s.add(f)
-        s.flush()
-        s.add(b)
-        s.flush()
-        ids = [f"{b.id}.{i:06d}" for i in range(n)]
-        s.add_all(Shard(id=sid, batch_id=b.id, index=i, object_key="x", rows=rows)
-                  for i, sid in enumerate(ids))
-    return ids
+    return batch_rows(ctx, [{"rows": rows}] * n, tenant_id=tenant_id)[1]
 
 
 def announce_slots(ctx: Context, n: int, lanes: list[str]) -> None:

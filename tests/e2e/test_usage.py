@@ -30,7 +30,8 @@ from jobs.core.context import Context
 from jobs.core.schema import Shard, UsageRecord
 from jobs.core.settings import Settings
 from jobs.tenants import auth, usage
-from tests.integration.helpers import chat_line, emb_line, jsonl, lines, upload, wait
+from tests.helpers import chat_line, emb_line, jsonl, lines, upload, wait
+from tests.polling import until
 
 EMB_MODEL, CHAT_MODEL = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"
 DAY, HOUR = 86400, 3600
@@ -174,22 +175,6 @@ def test_buckets_group_by_filters_and_pages(uctx: Context, wsgi: httpx.Client) -
 
 # Real workers -------------------------------------------------------------------------------
 
-def wait_for(cond: Any, timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := cond()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.3)
-    return got
-
-
-def until(fetch: Any, ok: Any, timeout: float = 30) -> Any:
-    """``fetch()`` again until ``ok`` of it (realtime usage lands just after the answer)."""
-    deadline = time.monotonic() + timeout
-    while not ok(got := fetch()) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    return got
-
 
 def project(ctx: Context) -> tuple[str, str, str, str]:
     """A project of this test's own: (project id, its key, the key's id, an admin key)."""
@@ -264,7 +249,7 @@ def test_batch_jobs_and_realtime_usage_adds_up(stack: Any, ctx: Context) -> None
         j = http.get(f"/v1/jobs/{jid}").json()
         return j if j["status"] in ("completed", "failed") else None
 
-    jobs = [wait_for(lambda jid=jid: job_done(jid), what=f"job {jid}") for jid in job_ids]
+    jobs = [until(lambda jid=jid: job_done(jid), what=f"job {jid}") for jid in job_ids]
     assert [j["status"] for j in jobs] == ["completed", "completed"]
     eb, cb = wait(sdk, eb.id), wait(sdk, cb.id)
     assert eb.status == cb.status == "completed"
@@ -326,7 +311,7 @@ def test_usage_counts_once_after_a_worker_was_killed_mid_batch(fstack: Any, work
         with fctx.db.session() as s:
             return list(s.scalars(select(Shard).where(Shard.batch_id == b.id)))
 
-    wait_for(lambda: any(s.chunks_done >= 2 and s.status == "running" for s in shards()),
+    until(lambda: any(s.chunks_done >= 2 and s.status == "running" for s in shards()),
              what="a shard in progress")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()

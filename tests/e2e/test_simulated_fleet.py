@@ -18,7 +18,7 @@ import pytest
 import redis as redis_lib
 
 from jobs.core.redis_keys import WORKERS
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 SIM = {"INFERQ_ACCELERATOR": "simulated", "INFERQ_SIMULATED_PROFILE": "h100-minilm"}

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.integration.helpers import jsonl, lines, upload, wait
+from tests.helpers import jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 SCHEMA = {

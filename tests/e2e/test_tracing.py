@@ -16,7 +16,7 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch
 from jobs.fleet import heartbeats
 from tests.conftest import AWS_ENV, free_port, fresh_database
-from tests.integration.helpers import emb_line, held_models, jsonl, upload, wait
+from tests.helpers import emb_line, held_models, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow
 CHAT_MODEL = "SmolLM2-135M-Instruct"

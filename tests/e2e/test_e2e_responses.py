@@ -18,7 +18,7 @@ import pytest
 from openai._models import validate_type
 from openai.types.responses import Response
 
-from tests.integration.helpers import jsonl, lines, upload, wait
+from tests.helpers import jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"

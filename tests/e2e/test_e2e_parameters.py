@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

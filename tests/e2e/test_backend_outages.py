@@ -91,7 +91,7 @@ def test_object_store_5xx_is_retried_then_gives_up(s3_endpoint: str) -> None:
 @pytest.mark.slow
 def test_a_persistently_unreadable_shard_fails_with_its_error(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     from storage import keys
-    from tests.integration.helpers import emb_line, jsonl, lines, upload, wait
+    from tests.helpers import emb_line, jsonl, lines, upload, wait
 
     rows = [emb_line(i, f"text {i}") for i in range(30)]
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,

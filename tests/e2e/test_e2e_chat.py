@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import jsonl, lines, upload, wait
+from tests.helpers import jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"

@@ -21,8 +21,8 @@ from sqlalchemy import select
 from jobs.batches import partial
 from jobs.core.errors import InvalidRequest
 from jobs.core.schema import Shard
-from tests.integration.conftest import CHUNK
-from tests.integration.helpers import emb_line, jsonl, upload, wait
+from tests.conftest import CHUNK
+from tests.helpers import emb_line, jsonl, upload, wait
 
 pytestmark = pytest.mark.slow
 

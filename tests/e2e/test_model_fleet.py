@@ -32,7 +32,8 @@ from jobs.core.context import Context
 from jobs.core.schema import Model
 from jobs.fleet import catalog, placement, registry, shadow
 from jobs.fleet.heartbeats import live_workers
-from tests.integration.helpers import emb_line, jsonl, upload, wait
+from tests.helpers import emb_line, jsonl, upload, wait
+from tests.polling import until
 
 pytestmark = pytest.mark.slow
 
@@ -112,16 +113,6 @@ def beat(r: redis_lib.Redis, name: str) -> dict[str, Any]:  # type: ignore[type-
 
 def served(r: redis_lib.Redis, name: str) -> dict[str, int]:  # type: ignore[type-arg]
     return {m["ref"]: m["served"] for m in beat(r, name)["residency"]["models"]}
-
-
-def until(check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.3)
 
 
 def embed(sdk: Any, model: str, text: str) -> str:
