@@ -71,3 +71,22 @@ def follow(client: Any, batch_id: str, interval: float = 0.5) -> Any:
             if b.status in TERMINAL:
                 return b
             time.sleep(interval)
+
+
+def batch_progress(rate: bool = False, to_stderr: bool = False) -> Any:
+    """The progress bar of a batch followed to its end: counts, (its rate,) time spent
+    and time left (a rich ``Progress``; rich is imported only when one is shown)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               *([TextColumn("{task.fields[rate]}")] if rate else []), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    return Progress(*columns, console=Console(stderr=to_stderr))

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from cli.client import batch_progress
 from jobs.core.status import TERMINAL
 
 # Following a batch's event stream: a read that waits longer than this for a byte (the
@@ -107,21 +108,9 @@ def follow_events(client: Any, batch_id: str, to_stderr: bool = False) -> Any:
     comes (on stdout, or stderr when stdout is for the batch's JSON); a connection that
     drops (or a stream the API ends after its time limit) is resumed with
     Last-Event-ID, so no change is missed."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     last_id: str | None = None
     drops = 0
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                   TimeRemainingColumn(), console=Console(stderr=to_stderr))
+    bar = batch_progress(rate=True, to_stderr=to_stderr)
     task = bar.add_task(batch_id, total=None, rate="")
     try:
         while True:

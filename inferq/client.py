@@ -166,17 +166,9 @@ class Run:
             while (b := self.client.batches.retrieve(self.batch_id)).status not in TERMINAL:
                 time.sleep(poll_s)
             return b
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
+        from cli.client import batch_progress
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+        with batch_progress() as bar:
             task = bar.add_task(self.batch_id, total=None)
             while True:
                 b = self.client.batches.retrieve(self.batch_id)

@@ -145,25 +145,30 @@ class S3Store(ObjectStore, PartsInPlace):
         if not (0 < len(sizes) <= MAX_PARTS and all(n >= MIN_PART for n in sizes[:-1])
                 and all(n <= MAX_PART for n in sizes)):
             return super().compose(key, part_keys, digest)
-        _retry(self._copy_parts)(key, part_keys)
+        _retry(self._copy_into)(key, [(p, None) for p in part_keys])
         if digest is not None:
             for block in self.iter_chunks(key):
                 digest.update(block)
         return sum(sizes)
 
-    def _copy_parts(self, key: str, part_keys: Sequence[str]) -> None:
+    def _copy_into(self, key: str, sources: Sequence[tuple[str, str | None]]) -> None:
+        """``key`` made of ``sources`` in order (an object's key, and a byte range of it,
+        ``bytes=a-b``, or None for all of it) by server-side part copies, up to
+        ``COPIES`` at once; the multipart upload is aborted on any failure."""
         k = self._key(key)
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
 
-        def copy(n: int, part: str) -> dict[str, Any]:
+        def copy(n: int, source: tuple[str, str | None]) -> dict[str, Any]:
+            src, byte_range = source
             r = self.client.upload_part_copy(
                 Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=n,
-                CopySource={"Bucket": self.bucket, "Key": self._key(part)})
+                CopySource={"Bucket": self.bucket, "Key": self._key(src)},
+                **({"CopySourceRange": byte_range} if byte_range else {}))
             return {"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]}
 
         try:
-            with ThreadPoolExecutor(min(COPIES, len(part_keys))) as pool:
-                parts = list(pool.map(copy, range(1, len(part_keys) + 1), part_keys))
+            with ThreadPoolExecutor(min(COPIES, len(sources))) as pool:
+                parts = list(pool.map(copy, range(1, len(sources) + 1), sources))
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:
@@ -213,7 +218,8 @@ class S3Store(ObjectStore, PartsInPlace):
         total = sum(n for _, _, n in pieces)
         if (0 < len(pieces) <= MAX_PARTS and all(n >= MIN_PART for _, _, n in pieces[:-1])
                 and all(0 < n <= MAX_PART for _, _, n in pieces)):
-            _retry(self._copy_ranges)(key, pieces)
+            _retry(self._copy_into)(key, [(source, f"bytes={off}-{off + n - 1}")
+                                          for source, off, n in pieces])
             if digest is not None:
                 for block in self.iter_chunks(key):
                     digest.update(block)
@@ -229,27 +235,6 @@ class S3Store(ObjectStore, PartsInPlace):
                     yield block
 
         return self.put_stream(key, io.BufferedReader(ConcatReader(blocks()), CHUNK))
-
-    def _copy_ranges(self, key: str, pieces: Sequence[tuple[str, int, int]]) -> None:
-        k = self._key(key)
-        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"]
-
-        def copy(n: int, piece: tuple[str, int, int]) -> dict[str, Any]:
-            source, off, size = piece
-            r = self.client.upload_part_copy(
-                Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=n,
-                CopySource={"Bucket": self.bucket, "Key": self._key(source)},
-                CopySourceRange=f"bytes={off}-{off + size - 1}")
-            return {"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]}
-
-        try:
-            with ThreadPoolExecutor(min(COPIES, len(pieces))) as pool:
-                parts = list(pool.map(copy, range(1, len(pieces) + 1), pieces))
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts})
-        except BaseException:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id)
-            raise
 
     @_retry
     def open(self, key: str) -> IO[bytes]:

@@ -64,7 +64,6 @@ class Settings(BaseSettings):
     # committed; then its rows are dropped from the engine and the shard is handed back
     # from its last checkpoint (a long generation never holds a shutdown up).
     drain_s: float = Field(default=20.0, ge=0)
-    completion_window: str = "24h"
     # The batch lanes' scaling signal (jobs/slo/backlog.py, inferq_desired_workers{lane=
     # "batch"|"flex"}) measures each model's rows per second per worker on the shards
     # of batches in progress; until a shard of the model has committed a chunk, a
@@ -154,14 +153,14 @@ class Settings(BaseSettings):
     metrics_token: str = ""
 
     # Admission control of the realtime lane (jobs/slo/admission.py). With an objective set, a
-    # realtime request whose predicted time to first token at realtime_slo_percentile
-    # (the M/M/c wait for the requests it finds in the system, plus its first engine
-    # step) exceeds realtime_ttft_slo_s is answered 503 `overloaded` with a retry-after
-    # instead of being queued; 0: no objective, nothing is refused. Arrivals are counted
-    # over admission_window_s in Redis (every API process shares the count); an admitted
-    # request counts as in the system until answered, at most admission_hold_s. Workers
-    # measure their service rate over admission_service_window_s of answered requests.
-    # inferq_desired_workers uses the same objective (first_token_timeout_s when unset).
+    # realtime request whose predicted time to first token at realtime_slo_percentile (the wait
+    # for the requests it finds in the system to leave the lane's servers, plus its first engine
+    # step) exceeds realtime_ttft_slo_s is answered 503 `overloaded` with a retry-after instead
+    # of being queued; 0: no objective, nothing is refused. Arrivals are counted over
+    # admission_window_s in Redis (every API process shares the count); an admitted request
+    # counts as in the system until answered, at most admission_hold_s. Workers measure their
+    # service rate over admission_service_window_s of answered requests. inferq_desired_workers
+    # uses the same objective (first_token_timeout_s when unset).
     realtime_ttft_slo_s: float = Field(default=0.0, ge=0)
     realtime_slo_percentile: float = Field(default=0.99, gt=0, lt=1)
     admission_window_s: int = Field(default=10, ge=1, le=3600)

@@ -7,8 +7,9 @@ row holding their manifest ({path, bytes, sha256} per file). Publishing
 registered version is always complete in the store. Workers materialize a
 version on local disk (workers.models.cache) and load it from there.
 
-Each name has one default version, the newest: requests name a model by its
-public name and get the default version.
+Each name has one default version: the first registered, until another is made the
+default (``--default``, ``inferq models default`` or a rollout's promotion). Requests
+name a model by its public name and get the default version.
 
 The registry is the catalog: which models exist and their kind are read from it
 by validation (jobs.fleet.catalog); /v1/models and workers read the rest (context length,

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jobs.protocol.endpoints import ENDPOINTS
 from jobs.protocol.parsing import supported
-from jobs.protocol.validation import Name
+from jobs.protocol.validation import Name, check_metadata
 
 MIN_FILE_EXPIRY_S, MAX_FILE_EXPIRY_S = 3600, 30 * 86400  # as OpenAI's files
 
@@ -90,16 +90,7 @@ class BatchCreate(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        if len(v) > 16:
-            raise ValueError("metadata: at most 16 key-value pairs")
-        for k, val in v.items():
-            if len(k) > 64:
-                raise ValueError("metadata keys are at most 64 characters")
-            if len(val) > 512:
-                raise ValueError("metadata values are at most 512 characters")
-        return v
+        return check_metadata(v)
 
     @model_validator(mode="after")
     def _defaults(self) -> BatchCreate:

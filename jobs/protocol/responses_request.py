@@ -19,9 +19,7 @@ from jobs.protocol.endpoints import CHAT, RESPONSES
 from jobs.protocol.generation import tools_checked
 from jobs.protocol.structured import TextFormat
 from jobs.protocol.tools import ResponsesFunctionTool, ResponsesToolChoice
-from jobs.protocol.validation import BODY, Name, Text, parse_model
-
-MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+from jobs.protocol.validation import BODY, Name, Text, check_metadata, parse_model
 
 
 class InputPart(BaseModel):
@@ -150,16 +148,7 @@ class ResponsesBody(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        if len(v) > MAX_METADATA:
-            raise ValueError(f"metadata: at most {MAX_METADATA} key-value pairs")
-        if any(len(k) > MAX_METADATA_KEY for k in v):
-            raise ValueError(f"metadata: keys are at most {MAX_METADATA_KEY} characters")
-        if any(len(x) > MAX_METADATA_VALUE for x in v.values()):
-            raise ValueError(f"metadata: values are at most {MAX_METADATA_VALUE} "
-                             "characters")
-        return v
+        return check_metadata(v)
 
 
 def chat_body(req: ResponsesBody) -> dict[str, Any]:

@@ -98,3 +98,20 @@ def _reported(located: list[tuple[ErrorDetails, list[int | str]]]
     first = located[0][1][:1]
     same = [x for x in located if x[1][:1] == first]
     return max(same, key=lambda x: len(x[1]))  # max keeps the first of the deepest
+
+
+MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def check_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
+    """An object's ``metadata``: at most 16 pairs, keys of at most 64 characters and
+    values of at most 512 (OpenAI's bounds); a ValueError names the one broken."""
+    if v is None:
+        return v
+    if len(v) > MAX_METADATA:
+        raise ValueError(f"metadata: at most {MAX_METADATA} key-value pairs")
+    if any(len(k) > MAX_METADATA_KEY for k in v):
+        raise ValueError(f"metadata: keys are at most {MAX_METADATA_KEY} characters")
+    if any(len(x) > MAX_METADATA_VALUE for x in v.values()):
+        raise ValueError(f"metadata: values are at most {MAX_METADATA_VALUE} characters")
+    return v

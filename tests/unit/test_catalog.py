@@ -52,7 +52,7 @@ def test_workers_rereading_a_checked_body_skip_the_model_check() -> None:
 
 @pytest.mark.parametrize(("body", "message"), [
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata: at most 16 key-value pairs"),
-    ({"metadata": {"k" * 65: "v"}}, "metadata keys are at most 64 characters"),
+    ({"metadata": {"k" * 65: "v"}}, "metadata: keys are at most 64 characters"),
     ({"endpoint": "/v1/nope"}, "endpoint must be one of /v1/embeddings, "
                                "/v1/chat/completions, /v1/completions, /v1/responses"),
     ({"completion_window": "1h"}, "completion_window: Input should be '24h'"),

@@ -34,18 +34,12 @@ from jobs.protocol.parsing import parse_embeddings
 from jobs.protocol.responses_request import as_chat
 from jobs.protocol.tool_use import tools_of
 from jobs.tenants import usage
+from workers.engines import responses as bodies
 from workers.engines.embeddings import JOBS, RowFuture, seconds_of, when_all_done
 from workers.engines.request import build_request
-from workers.engines.responses import (
-    embeddings_body,
-    failure,
-    generation_body,
-    response_object,
-    top_count,
-)
+from workers.engines.sinks import Collect
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
-    from workers.engines.sinks import Collect
     from workers.models.residency import Residency
 
 log = logging.getLogger("inferq.jobs_lane")
@@ -121,7 +115,7 @@ class JobsConsumer(threading.Thread):
                 self.start_job(job)
             except Exception as e:  # noqa: BLE001 - recorded on the job; the burst goes on
                 log.exception("job %s could not start", job.id)
-                self.finish(job.id, None, failure(e)[1])
+                self.finish(job.id, None, bodies.failure(e)[1])
 
     def handed_back(self, queue: bytes, job_id: bytes) -> bool:
         """A job popped from the list of a version this worker no longer holds (unloaded
@@ -149,8 +143,6 @@ class JobsConsumer(threading.Thread):
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
-        from workers.engines.sinks import Collect
-
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_generation, job, c))
         gen.submit(greq, sink, JOBS)
 
@@ -170,20 +162,20 @@ class JobsConsumer(threading.Thread):
     def finish_embeddings(self, job: Job, req: EmbeddingsBody,
                           futures: list[RowFuture], ntok: int) -> None:
         try:
-            body = embeddings_body(req, [f.result() for f in futures], ntok)
+            body = bodies.embeddings_body(req, [f.result() for f in futures], ntok)
             result = orjson.loads(dumps(body))
         except Exception as e:  # noqa: BLE001 - recorded on the job
-            self.record(job.id, None, failure(e)[1])
+            self.record(job.id, None, bodies.failure(e)[1])
             return
         self.record(job.id, result, None, self.bill(job, ntok, 0, seconds_of(futures)))
 
     def finish_generation(self, job: Job, c: Collect) -> None:
         if c.error is not None:
-            self.record(job.id, None, failure(c.error)[1])
+            self.record(job.id, None, bodies.failure(c.error)[1])
             return
         u = c.usage  # every choice's tokens (best_of's included), the prompt once
-        body = generation_body(job.endpoint, job.body["model"], c.choices,
-                               top_count(job.endpoint, job.body), u.prompt_tokens,
+        body = bodies.generation_body(job.endpoint, job.body["model"], c.choices,
+                               bodies.top_count(job.endpoint, job.body), u.prompt_tokens,
                                u.completion_tokens, tools_of(job.body))
         body["inferq"] = {"batch_rows": u.batch_rows}
         self.record(job.id, body, None,
@@ -198,17 +190,15 @@ class JobsConsumer(threading.Thread):
         except InferqError as e:
             self.finish(job.id, None, e.to_dict())
             return
-        from workers.engines.sinks import Collect
-
         sink = Collect(on_done=lambda c: self.writer.submit(self.finish_response, job, c))
         gen.submit(greq, sink, JOBS)
 
     def finish_response(self, job: Job, c: Collect) -> None:
         if c.error is not None:
-            self.record(job.id, None, failure(c.error)[1])
+            self.record(job.id, None, bodies.failure(c.error)[1])
             return
         u = c.usage
-        body = response_object(job.body, c.text, c.reason, u.prompt_tokens,
+        body = bodies.response_object(job.body, c.text, c.reason, u.prompt_tokens,
                                u.completion_tokens)
         body["inferq"] = {"batch_rows": u.batch_rows}
         self.record(job.id, body, None,

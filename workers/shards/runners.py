@@ -27,7 +27,7 @@ from jobs.protocol.parsing import parse_embeddings
 from jobs.protocol.responses_request import as_chat
 from jobs.protocol.tool_use import tools_of
 from workers.engines.embeddings import seconds_of
-from workers.engines.request import build_request
+from workers.engines.request import GenRequest, build_request
 from workers.engines.responses import (
     embeddings_body,
     failure,
@@ -35,6 +35,7 @@ from workers.engines.responses import (
     response_object,
     top_count,
 )
+from workers.engines.sinks import Collect
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.engines.interface import Engine
@@ -134,15 +135,24 @@ class GenerationRunner:
     def __init__(self, chat: Callable[[str], Engine], endpoint: str) -> None:
         self.chat, self.endpoint = chat, endpoint
 
-    def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
-        from workers.engines.sinks import Collect
+    def request(self, engine: Engine, body: dict[str, Any]) -> GenRequest:
+        """What the engine runs for one row's body."""
+        return build_request(engine.model, self.endpoint, body)
 
+    def answer(self, body: dict[str, Any], c: Collect) -> dict[str, Any]:
+        """The body of one row's output line, from what its sequence collected."""
+        u = c.usage  # every choice's tokens (best_of's included), the prompt once
+        return generation_body(self.endpoint, body["model"], c.choices,
+                               top_count(self.endpoint, body), u.prompt_tokens,
+                               u.completion_tokens, tools_of(body))
+
+    def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
         reqs: list[tuple[str, Any, Any, int]] = []
         for r in rows:
             body = orjson.loads(r["body"])
             try:
                 gen = self.chat(body["model"])
-                greq = build_request(gen.model, self.endpoint, body)
+                greq = self.request(gen, body)
             except InferqError as e:
                 reqs.append((r["custom_id"], e, None, 0))
                 continue
@@ -168,12 +178,9 @@ class GenerationRunner:
             except Exception as e:  # noqa: BLE001
                 err.append(_failed(chunk, custom_id, e))
                 continue
-            u = c.usage  # every choice's tokens (best_of's included), the prompt once
-            ok.append(outputs.ok_line(custom_id, generation_body(
-                self.endpoint, body["model"], c.choices, top_count(self.endpoint, body),
-                u.prompt_tokens, u.completion_tokens, tools_of(body))))
-            tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
-            seconds += u.accelerator_s
+            ok.append(outputs.ok_line(custom_id, self.answer(body, c)))
+            tokens = tokens.plus(Tokens(c.usage.prompt_tokens, c.usage.completion_tokens))
+            seconds += c.usage.accelerator_s
         chunk.seconds = seconds
         return b"".join(ok), b"".join(err), len(ok), len(err), tokens
 
@@ -187,38 +194,10 @@ class ResponsesRunner(GenerationRunner):
     """Rows of a /v1/responses batch: each runs as its chat request
     (jobs.protocol.responses_request.as_chat) and its output line's body is the Response object."""
 
-    def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
-        from workers.engines.sinks import Collect
+    def request(self, engine: Engine, body: dict[str, Any]) -> GenRequest:
+        return build_request(engine.model, *as_chat(self.endpoint, body))
 
-        reqs: list[tuple[str, Any, Any, int]] = []
-        for r in rows:
-            body = orjson.loads(r["body"])
-            try:
-                gen = self.chat(body["model"])
-                greq = build_request(gen.model, *as_chat(self.endpoint, body))
-            except InferqError as e:
-                reqs.append((r["custom_id"], e, None, 0))
-                continue
-            sink = Collect()
-            gen.submit(greq, sink, prio)
-            reqs.append((r["custom_id"], body, sink, 0))
-        return Chunk(rows, reqs)
+    def answer(self, body: dict[str, Any], c: Collect) -> dict[str, Any]:
+        u = c.usage
+        return response_object(body, c.text, c.reason, u.prompt_tokens, u.completion_tokens)
 
-    def collect(self, chunk: Chunk) -> Lines:
-        ok, err, tokens, seconds = [], [], Tokens(), 0.0
-        for custom_id, body, sink, _ in chunk.requests:
-            if isinstance(body, InferqError):
-                err.append(_refused(custom_id, body))
-                continue
-            try:
-                c = sink.result()
-            except Exception as e:  # noqa: BLE001
-                err.append(_failed(chunk, custom_id, e))
-                continue
-            u = c.usage
-            ok.append(outputs.ok_line(custom_id, response_object(
-                body, c.text, c.reason, u.prompt_tokens, u.completion_tokens)))
-            tokens = tokens.plus(Tokens(u.prompt_tokens, u.completion_tokens))
-            seconds += u.accelerator_s
-        chunk.seconds = seconds
-        return b"".join(ok), b"".join(err), len(ok), len(err), tokens
