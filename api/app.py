@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask, Response, g, request
 from opentelemetry.trace import SpanKind
+from pydantic import BaseModel
 
 from api import errors, metrics
 from api.current import context
@@ -35,11 +38,23 @@ from jobs.slo.dashboard import viewer as dashboard_viewer
 from jobs.tenants import auth
 
 
+class App(Flask):
+    """Flask, whose views may answer with a response model (``jobs.protocol.objects``):
+    it is sent as its JSON, every field present."""
+
+    def make_response(self, rv: Any) -> Response:
+        if isinstance(rv, tuple) and rv and isinstance(rv[0], BaseModel):
+            rv = (self.make_response(rv[0]), *rv[1:])  # (model, status[, headers])
+        elif isinstance(rv, BaseModel):
+            rv = Response(rv.model_dump_json(), mimetype="application/json")
+        return super().make_response(rv)
+
+
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     logs.setup(settings)
     tracing.setup(settings, "api")
-    app = Flask("inferq", static_folder=None)  # no /static/ of the working directory
+    app = App("inferq", static_folder=None)  # no /static/ of the working directory
     app.url_map.merge_slashes = False  # //v1//files is no route (not a redirect to one)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["inferq"] = Context(settings)

@@ -200,12 +200,12 @@ def models_rollout(name: str, version: str | None, weight: float | None,
     ctx = Context(state.backends(DATABASE, REDIS))
     try:
         if weight is None and shadow is None and not promote and not rollback:
-            got = rollout.status(ctx, name)
+            got = rollout.status(ctx, name).body()
         else:
             got = rollout.change(ctx, name, version,
                                  None if weight is None else weight / 100,
                                  None if shadow is None else shadow / 100,
-                                 promote=promote, rollback=rollback)
+                                 promote=promote, rollback=rollback).body()
     except InferqError as e:
         raise click.ClickException(e.message) from None
     finally:
@@ -234,7 +234,7 @@ def models_pool(name: str, version: str, min_resident: int | None,
         raise click.UsageError("give --min, --idle-unload or --keep")
     ctx = Context(state.backends(DATABASE, REDIS))
     try:
-        got = rollout.set_pool(ctx, name, version, min_resident, idle_unload_s, keep)
+        got = rollout.set_pool(ctx, name, version, min_resident, idle_unload_s, keep).body()
     except InferqError as e:
         raise click.ClickException(e.message) from None
     finally:

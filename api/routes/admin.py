@@ -11,16 +11,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from flask import Blueprint, request
+from flask import request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.current import context
 from api.request_parsing import ID, json_body, page_params
-from api.schemas.common import page
+from api.routes.contract import Blueprint
 from jobs.batches import locations
-from jobs.core.access_tables import DataLocation, ServiceAccount
 from jobs.core.errors import InvalidRequest, NotFound, shown
-from jobs.core.schema import Tenant
+from jobs.protocol.objects.admin import (
+    ApiKey,
+    DataLocation,
+    NewKey,
+    Project,
+    RateLimit,
+    ServiceAccount,
+    ServiceAccountCreated,
+)
+from jobs.protocol.objects.common import Deleted, Page
 from jobs.protocol.validation import INT64, parse_model
 from jobs.tenants import projects as tenants
 
@@ -121,59 +129,6 @@ def _body(cls: type[_Body], optional: bool = False) -> Any:
     return parse_model(cls, json_body(limit=64 * 1024))
 
 
-# Response shapes ------------------------------------------------------------------------------
-
-
-def project_object(t: Tenant) -> dict[str, Any]:
-    return {"id": t.id, "object": "organization.project", "name": t.name,
-            "created_at": t.created_at, "archived_at": t.archived_at,
-            "status": "archived" if t.archived_at is not None else "active",
-            "external_key_id": None, "residency": None, "weight": t.weight}
-
-
-def service_account_object(sa: ServiceAccount) -> dict[str, Any]:
-    return {"id": sa.id, "object": "organization.project.service_account", "name": sa.name,
-            "role": sa.role, "created_at": sa.created_at}
-
-
-def new_key_object(k: tenants.NewKey) -> dict[str, Any]:
-    return {"id": k.key.id, "object": "organization.project.service_account.api_key",
-            "name": k.key.name, "created_at": k.key.created_at, "value": k.value,
-            "expires_at": k.key.expires_at}
-
-
-def key_object(v: tenants.KeyView) -> dict[str, Any]:
-    k, sa = v.key, v.owner
-    owner: dict[str, Any] = {"type": None, "service_account": None, "user": None}
-    if sa is not None:
-        owner = {"type": "service_account", "user": None, "service_account": {
-            "id": sa.id, "name": sa.name, "created_at": sa.created_at, "role": sa.role}}
-    return {"id": k.id, "object": "organization.project.api_key", "name": k.name,
-            "redacted_value": f"{k.prefix}...{k.suffix}", "created_at": k.created_at,
-            "last_used_at": k.last_used_at, "expires_at": k.expires_at, "owner": owner,
-            "owner_project_access": "active" if v.active else "inactive"}
-
-
-def location_object(row: DataLocation) -> dict[str, Any]:
-    return {"id": row.id, "object": "organization.project.data_location", "uri": row.uri,
-            "access": row.access, "created_at": row.created_at}
-
-
-def rate_limit_object(v: tenants.LimitView) -> dict[str, Any]:
-    """The effective limits (the project's over the deployment's defaults).
-    ``max_requests_per_1_minute`` and ``max_tokens_per_1_minute`` are required
-    integers in OpenAI's shape: no limit is reported as INFERQ_RATE_LIMIT_UNLIMITED;
-    the other kinds as null."""
-    unlimited = context().settings.rate_limit_unlimited
-    vals = v.values
-    return {"id": v.id, "object": "project.rate_limit", "model": v.model,
-            "max_requests_per_1_minute": vals["max_requests_per_1_minute"] or unlimited,
-            "max_tokens_per_1_minute": vals["max_tokens_per_1_minute"] or unlimited,
-            "max_requests_per_1_day": vals["max_requests_per_1_day"],
-            "batch_1_day_max_input_tokens": vals["batch_1_day_max_input_tokens"],
-            "max_concurrent_streams": vals["max_concurrent_streams"]}
-
-
 def _flag(name: str) -> bool:
     raw = request.args.get(name, "false")
     if raw.lower() not in ("true", "false", "1", "0"):
@@ -193,99 +148,102 @@ def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
 
 
 @bp.post("/projects")
-def create_project() -> Any:
+def create_project() -> Project:
     req: ProjectCreate = _body(ProjectCreate)
-    return project_object(tenants.create_project(context(), req.name, req.weight))
+    return Project.of(tenants.create_project(context(), req.name, req.weight))
 
 
 @bp.get("/projects")
-def list_projects() -> Any:
+def list_projects() -> Page[Project]:
     after, limit = page_params()
     rows, more = tenants.list_projects(context(), after, limit, _flag("include_archived"))
-    return page([project_object(t) for t in rows], more)
+    return Page[Project].of([Project.of(t) for t in rows], more)
 
 
 @bp.get("/projects/<project_id>")
-def retrieve_project(project_id: str) -> Any:
-    return project_object(tenants.get_project(context(), project_id))
+def retrieve_project(project_id: str) -> Project:
+    return Project.of(tenants.get_project(context(), project_id))
 
 
 @bp.post("/projects/<project_id>")
-def update_project(project_id: str) -> Any:
+def update_project(project_id: str) -> Project:
     req: ProjectUpdate = _body(ProjectUpdate, optional=True)
-    return project_object(tenants.update_project(context(), project_id, req.name, req.weight))
+    return Project.of(tenants.update_project(context(), project_id, req.name, req.weight))
 
 
 @bp.post("/projects/<project_id>/archive")
-def archive_project(project_id: str) -> Any:
-    return project_object(tenants.archive_project(context(), project_id))
+def archive_project(project_id: str) -> Project:
+    return Project.of(tenants.archive_project(context(), project_id))
 
 
 # Service accounts and keys -------------------------------------------------------------------
 
 
 @bp.post("/projects/<project_id>/service_accounts")
-def create_service_account(project_id: str) -> Any:
+def create_service_account(project_id: str) -> ServiceAccountCreated:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: ServiceAccountCreate = _body(ServiceAccountCreate)
     sa, key = tenants.create_service_account(
         context(), project_id, req.name, bool(req.create_service_account_only),
         req.expires_in_seconds)
-    return {**service_account_object(sa),
-            "api_key": None if key is None else new_key_object(key)}
+    return ServiceAccountCreated.of(sa, None if key is None else NewKey.of(key))
 
 
 @bp.get("/projects/<project_id>/service_accounts")
-def list_service_accounts(project_id: str) -> Any:
+def list_service_accounts(project_id: str) -> Page[ServiceAccount]:
     after, limit = page_params()
     rows, more = tenants.list_service_accounts(context(), project_id, after, limit)
-    return page([service_account_object(sa) for sa in rows], more)
+    return Page[ServiceAccount].of([ServiceAccount.of(sa) for sa in rows], more)
 
 
 @bp.get("/projects/<project_id>/service_accounts/<service_account_id>")
-def retrieve_service_account(project_id: str, service_account_id: str) -> Any:
-    return service_account_object(
+def retrieve_service_account(project_id: str, service_account_id: str) -> ServiceAccount:
+    return ServiceAccount.of(
         tenants.get_service_account(context(), project_id, service_account_id))
 
 
 @bp.delete("/projects/<project_id>/service_accounts/<service_account_id>")
-def delete_service_account(project_id: str, service_account_id: str) -> Any:
+def delete_service_account(project_id: str, service_account_id: str) -> Deleted:
     tenants.delete_service_account(context(), project_id, service_account_id)
-    return {"id": service_account_id, "object": "organization.project.service_account.deleted",
-            "deleted": True}
+    return Deleted(id=service_account_id,
+                   object="organization.project.service_account.deleted", deleted=True)
 
 
 @bp.post("/projects/<project_id>/service_accounts/<service_account_id>/api_keys")
-def create_key(project_id: str, service_account_id: str) -> Any:
+def create_key(project_id: str, service_account_id: str) -> NewKey:
     req: KeyCreate = _body(KeyCreate, optional=True)
-    return new_key_object(tenants.create_key(context(), project_id, service_account_id,
-                                             req.name, req.expires_in_seconds))
+    return NewKey.of(tenants.create_key(context(), project_id, service_account_id, req.name,
+                                        req.expires_in_seconds))
 
 
 @bp.get("/projects/<project_id>/api_keys")
-def list_keys(project_id: str) -> Any:
+def list_keys(project_id: str) -> Page[ApiKey]:
     after, limit = page_params()
     access = _choice("owner_project_access", tenants.OWNER_ACCESS, "any")
     rows, more = tenants.list_keys(context(), project_id, after, limit, access)
-    return page([key_object(v) for v in rows], more)
+    return Page[ApiKey].of([ApiKey.of(v) for v in rows], more)
 
 
 @bp.get("/projects/<project_id>/api_keys/<api_key_id>")
-def retrieve_key(project_id: str, api_key_id: str) -> Any:
-    return key_object(tenants.get_key(context(), project_id, api_key_id))
+def retrieve_key(project_id: str, api_key_id: str) -> ApiKey:
+    return ApiKey.of(tenants.get_key(context(), project_id, api_key_id))
 
 
 @bp.delete("/projects/<project_id>/api_keys/<api_key_id>")
-def delete_key(project_id: str, api_key_id: str) -> Any:
+def delete_key(project_id: str, api_key_id: str) -> Deleted:
     tenants.revoke_key(context(), project_id, api_key_id)
-    return {"id": api_key_id, "object": "organization.project.api_key.deleted", "deleted": True}
+    return Deleted(id=api_key_id, object="organization.project.api_key.deleted", deleted=True)
 
 
 # Rate limits ----------------------------------------------------------------------------------
 
 
+def _limit(v: tenants.LimitView) -> RateLimit:
+    return RateLimit.of(v, context().settings.rate_limit_unlimited)
+
+
 @bp.get("/projects/<project_id>/rate_limits")
-def list_rate_limits(project_id: str) -> Any:
+def list_rate_limits(project_id: str) -> Page[RateLimit]:
     after, limit = page_params()
     before = request.args.get("before") or None
     if before is not None and not ID.fullmatch(before):
@@ -301,39 +259,38 @@ def list_rate_limits(project_id: str) -> Any:
         views = views[ids.index(after) + 1:]
     if before is not None:
         views = [v for v in views if v.id < before][-limit:]
-    return page([rate_limit_object(v) for v in views[:limit]], len(views) > limit)
-
+    return Page[RateLimit].of([_limit(v) for v in views[:limit]], len(views) > limit)
 
 
 @bp.post("/projects/<project_id>/rate_limits/<rate_limit_id>")
-def update_rate_limit(project_id: str, rate_limit_id: str) -> Any:
+def update_rate_limit(project_id: str, rate_limit_id: str) -> RateLimit:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: RateLimitUpdate = _body(RateLimitUpdate)
     changes = {f: getattr(req, f) for f in req.model_fields_set if f in tenants.LIMIT_FIELDS}
     if not changes:
         raise InvalidRequest("give at least one limit to set (a number) or clear (null): "
                              + ", ".join(tenants.LIMIT_FIELDS))
-    return rate_limit_object(tenants.update_limit(context(), project_id, rate_limit_id,
-                                                  changes))
+    return _limit(tenants.update_limit(context(), project_id, rate_limit_id, changes))
 
 
 # Data locations (inferq extension): where a project's batches read and write in place -----
 
 
 @bp.post("/projects/<project_id>/data_locations")
-def create_location(project_id: str) -> Any:
+def create_location(project_id: str) -> DataLocation:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: LocationCreate = _body(LocationCreate)
-    return location_object(locations.add(context(), project_id, req.uri, req.access))
+    return DataLocation.of(locations.add(context(), project_id, req.uri, req.access))
 
 
 @bp.get("/projects/<project_id>/data_locations")
-def list_locations(project_id: str) -> Any:
-    return page([location_object(r) for r in locations.list_(context(), project_id)], False)
+def list_locations(project_id: str) -> Page[DataLocation]:
+    return Page[DataLocation].of(
+        [DataLocation.of(r) for r in locations.list_(context(), project_id)], False)
 
 
 @bp.delete("/projects/<project_id>/data_locations/<location_id>")
-def delete_location(project_id: str, location_id: str) -> Any:
+def delete_location(project_id: str, location_id: str) -> Deleted:
     locations.remove(context(), project_id, location_id)
-    return {"id": location_id, "object": "organization.project.data_location.deleted",
-            "deleted": True}
+    return Deleted(id=location_id, object="organization.project.data_location.deleted",
+                   deleted=True)

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import orjson
-from flask import Blueprint, Response, current_app, g, request, stream_with_context
+from flask import Response, current_app, g, request, stream_with_context
 from sqlalchemy.exc import DBAPIError
 
 from api import streams
 from api.current import context
 from api.idempotency import idempotent
 from api.request_parsing import json_body, optional_json_body, page_params
-from api.schemas.batches import batch_object
-from api.schemas.common import page
+from api.routes.contract import Blueprint
 from jobs.batches import partial, progress, retry, service
-from jobs.batches.queries import ShardSums
 from jobs.batches.retry import BatchRetry
 from jobs.core.settings import Settings
 from jobs.protocol.batch import BatchCreate
+from jobs.protocol.objects.batches import BatchObject
+from jobs.protocol.objects.common import Page
 from jobs.protocol.validation import parse_model
 
 bp = Blueprint("batches", __name__)
@@ -30,28 +29,28 @@ log = logging.getLogger("inferq.api")
 
 @bp.post("/batches")
 @idempotent
-def create() -> Any:
+def create() -> BatchObject:
     req = parse_model(BatchCreate, json_body())
     b = service.create_batch(context(), g.tenant_id, req, g.api_key_id)
-    return batch_object(b, ShardSums())
+    return BatchObject.of(b)
 
 
 @bp.get("/batches/<batch_id>")
-def retrieve(batch_id: str) -> Any:
-    return batch_object(*service.get_batch(context(), g.tenant_id, batch_id))
+def retrieve(batch_id: str) -> BatchObject:
+    return BatchObject.of(*service.get_batch(context(), g.tenant_id, batch_id))
 
 
 @bp.get("/batches")
-def list_() -> Any:
+def list_() -> Page[BatchObject]:
     after, limit = page_params()
     rows, more = service.list_batches(context(), g.tenant_id, after, limit)
-    return page([batch_object(b, sums) for b, sums in rows], more)
+    return Page[BatchObject].of([BatchObject.of(b, sums) for b, sums in rows], more)
 
 
 @bp.post("/batches/<batch_id>/cancel")
-def cancel(batch_id: str) -> Any:
+def cancel(batch_id: str) -> BatchObject:
     service.cancel_batch(context(), g.tenant_id, batch_id)
-    return batch_object(*service.get_batch(context(), g.tenant_id, batch_id))
+    return BatchObject.of(*service.get_batch(context(), g.tenant_id, batch_id))
 
 
 @bp.get("/batches/<batch_id>/output")
@@ -69,11 +68,11 @@ def output(batch_id: str) -> Response:
 
 @bp.post("/batches/<batch_id>/retry")
 @idempotent
-def retry_(batch_id: str) -> Any:
+def retry_(batch_id: str) -> BatchObject:
     """A child batch of the batch's failed requests (docs/API.md, Reruns)."""
     req = parse_model(BatchRetry, optional_json_body())
     b = retry.retry(context(), g.tenant_id, batch_id, req.error_codes, g.api_key_id)
-    return batch_object(b, ShardSums())
+    return BatchObject.of(b)
 
 
 @bp.get("/batches/<batch_id>/merged_output")
@@ -122,7 +121,7 @@ def _sse(first: progress.Snapshot, seen: progress.Position, watcher: progress.Wa
 
 
 def _event(ev: progress.Event) -> bytes:
-    b = batch_object(ev.snapshot.batch, ev.snapshot.sums)
+    b = BatchObject.of(ev.snapshot.batch, ev.snapshot.sums).body()
     data = {"object": "batch.progress", "batch_id": b["id"], "status": ev.status,
             "created_at": ev.at, "request_counts": b["request_counts"], "usage": b["usage"]}
     return (f"id: {ev.id}\nevent: {ev.kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n")

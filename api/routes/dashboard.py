@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from flask import Blueprint, g, request
+from flask import g, request
 
 from api.current import context
+from api.routes.contract import Blueprint
 from jobs.core.schema import Shard
 from jobs.slo import dashboard, stats
 

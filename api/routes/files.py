@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, g, request, stream_with_context
+from flask import Response, g, request, stream_with_context
 from pydantic import ValidationError
 
 from api.current import context
 from api.idempotency import idempotent
 from api.request_parsing import page_params, query_text
-from api.schemas.common import page
-from api.schemas.files import file_object
+from api.routes.contract import Blueprint
 from jobs.batches import service
 from jobs.core.errors import InvalidRequest
 from jobs.protocol.batch import MAX_FILE_EXPIRY_S, MIN_FILE_EXPIRY_S, ExpiresAfter
+from jobs.protocol.objects.common import Deleted, Page
+from jobs.protocol.objects.files import FileObject
 from storage.objects import CHUNK
 
 bp = Blueprint("files", __name__)
@@ -23,7 +24,7 @@ UPLOADS = {"files.create"}  # the endpoints whose bodies may be as large as an u
 
 @bp.post("/files")
 @idempotent
-def create() -> Any:
+def create() -> FileObject:
     upload = request.files.get("file")
     if upload is None:
         raise InvalidRequest("a multipart field 'file' is required", param="file")
@@ -33,7 +34,7 @@ def create() -> Any:
     purpose = request.form.get("purpose", "")
     f = service.create_file(context(), g.tenant_id, filename, purpose, upload.stream,
                             expires_after(request.form))
-    return file_object(f)
+    return FileObject.of(f)
 
 
 FORM_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
@@ -60,16 +61,16 @@ def expires_after(form: Any) -> int | None:
 
 
 @bp.get("/files")
-def list_() -> Any:
+def list_() -> Page[FileObject]:
     after, limit = page_params()
     files, more = service.list_files(context(), g.tenant_id, after, limit,
                                      query_text("purpose"))
-    return page([file_object(f) for f in files], more)
+    return Page[FileObject].of([FileObject.of(f) for f in files], more)
 
 
 @bp.get("/files/<file_id>")
-def retrieve(file_id: str) -> Any:
-    return file_object(service.get_file(context(), g.tenant_id, file_id))
+def retrieve(file_id: str) -> FileObject:
+    return FileObject.of(service.get_file(context(), g.tenant_id, file_id))
 
 
 @bp.get("/files/<file_id>/content")
@@ -87,6 +88,6 @@ def content(file_id: str) -> Response:
 
 
 @bp.delete("/files/<file_id>")
-def delete(file_id: str) -> Any:
+def delete(file_id: str) -> Deleted:
     service.delete_file(context(), g.tenant_id, file_id)
-    return {"id": file_id, "object": "file", "deleted": True}
+    return Deleted(id=file_id, object="file", deleted=True)

@@ -4,16 +4,19 @@ Admin API; admin keys only)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from flask import Blueprint, request
+from flask import request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.current import context
 from api.request_parsing import json_body
+from api.routes.contract import Blueprint
 from jobs.core import refs
 from jobs.core.errors import ModelNotFound, shown
 from jobs.fleet import own_models, registry, retire, rollout
+from jobs.protocol.objects.common import Deleted
+from jobs.protocol.objects.fleet import Rollout, RolloutList
 from jobs.protocol.validation import parse_model
 
 bp = Blueprint("fleet", __name__)
@@ -72,7 +75,7 @@ class ModelAdd(BaseModel):
 
 
 @bp.post("/models")
-def add() -> Any:
+def add() -> Rollout:
     """Publish a version; the name's rollout (its versions) as the routes below answer."""
     ctx = context()
     body = parse_model(ModelAdd, json_body())
@@ -82,26 +85,26 @@ def add() -> Any:
 
 
 @bp.delete("/models/<name>/versions/<version>")
-def remove(name: str, version: str) -> Any:
+def remove(name: str, version: str) -> Deleted:
     """Retire a version nothing is pinned to (409 ``model_version_in_use`` otherwise)."""
     retire.remove(context(), name, version)
-    return {"id": refs.model_ref(name, version), "object": "model.version", "deleted": True}
+    return Deleted(id=refs.model_ref(name, version), object="model.version", deleted=True)
 
 
 @bp.get("/models")
-def list_() -> Any:
+def list_() -> RolloutList:
     ctx = context()
     names = sorted({m.name for m in registry.all_versions(ctx)}, key=lambda n: (n.lower(), n))
-    return {"object": "list", "data": [rollout.status(ctx, n) for n in names]}
+    return RolloutList(data=[rollout.status(ctx, n) for n in names])
 
 
 @bp.get("/models/<name>/rollout")
-def get(name: str) -> Any:
+def get(name: str) -> Rollout:
     return rollout.status(context(), name)
 
 
 @bp.post("/models/<name>/rollout")
-def step(name: str) -> Any:
+def step(name: str) -> Rollout:
     ctx = context()
     rollout.status(ctx, name)  # 404 first for a name that does not exist
     body = parse_model(RolloutStep, json_body())
@@ -111,7 +114,7 @@ def step(name: str) -> Any:
 
 
 @bp.post("/models/<name>/versions/<version>/pool")
-def pool(name: str, version: str) -> Any:
+def pool(name: str, version: str) -> Rollout:
     ctx = context()
     rollout.status(ctx, name)
     raw = json_body()

@@ -4,61 +4,60 @@ key)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, Response, request
+from flask import Response, request
 from sqlalchemy import text
 
 from api import metrics as api_metrics
 from api.current import context
+from api.routes.contract import Blueprint
 from jobs.core.errors import InvalidRequest, shown
 from jobs.core.lanes import MODEL_LANES
 from jobs.fleet.heartbeats import live_workers
+from jobs.protocol.objects.fleet import Health, HealthChecks, Liveness
 
 bp = Blueprint("health", __name__)
 
 
-def readiness(need: tuple[str, ...] = ()) -> tuple[dict[str, Any], int]:
+def readiness(need: tuple[str, ...] = ()) -> tuple[Health, int]:
     """Ready: the database and Redis answer, so the API takes work (batches and jobs
     wait in their queues for workers). ``checks`` says what it can serve now: the live
     model workers, how many serve each lane (``lanes``) and the models they hold on
     each (``models``). ``need``: lanes that must have a live worker too."""
     ctx = context()
-    checks: dict[str, Any] = {}
     try:
         with ctx.db.engine.connect() as c:
             c.execute(text("select 1"))
-        checks["database"] = "ok"
+        database = "ok"
     except Exception as e:  # noqa: BLE001 - reported, not raised
-        checks["database"] = f"error: {e.__class__.__name__}"
+        database = f"error: {e.__class__.__name__}"
     try:
         ctx.redis.ping()
         live = {lane: live_workers(ctx.redis, lane) for lane in MODEL_LANES}
-        checks["redis"] = "ok"
-        checks["workers"] = len({w["name"] for ws in live.values() for w in ws})
-        checks["lanes"] = {lane: len({w["name"] for w in ws}) for lane, ws in live.items()}
-        checks["models"] = {lane: sorted({ref.rsplit("@", 1)[0] for w in ws
-                                          for ref in w.get("resident", [])})
-                            for lane, ws in live.items()}
+        checks = HealthChecks(
+            database=database, redis="ok",
+            workers=len({w["name"] for ws in live.values() for w in ws}),
+            lanes={lane: len({w["name"] for w in ws}) for lane, ws in live.items()},
+            models={lane: sorted({ref.rsplit("@", 1)[0] for w in ws
+                                  for ref in w.get("resident", [])})
+                    for lane, ws in live.items()})
     except Exception as e:  # noqa: BLE001
-        checks["redis"] = f"error: {e.__class__.__name__}"
-        checks["workers"] = 0
-        checks["lanes"] = dict.fromkeys(MODEL_LANES, 0)
-        checks["models"] = {lane: [] for lane in MODEL_LANES}
-    ok = (checks["database"] == "ok" and checks["redis"] == "ok"
-          and all(checks["lanes"][lane] > 0 for lane in need))
-    return {"status": "ok" if ok else "unavailable", "checks": checks}, 200 if ok else 503
+        checks = HealthChecks(database=database, redis=f"error: {e.__class__.__name__}",
+                              workers=0, lanes=dict.fromkeys(MODEL_LANES, 0),
+                              models={lane: [] for lane in MODEL_LANES})
+    ok = (checks.database == "ok" and checks.redis == "ok"
+          and all(checks.lanes[lane] > 0 for lane in need))
+    return Health(status="ok" if ok else "unavailable", checks=checks), 200 if ok else 503
 
 
 @bp.get("/healthz")
-def healthz() -> Any:
+def healthz() -> Liveness:
     """Liveness: the process serves. No backend is asked, so a liveness probe never
     restarts an API that waits for its database, Redis or workers (/readyz says so)."""
-    return {"status": "ok"}
+    return Liveness()
 
 
 @bp.get("/readyz")
-def readyz() -> Any:
+def readyz() -> tuple[Health, int]:
     """Readiness (``readiness``); ``?lane=realtime`` (repeatable, or comma-separated)
     also needs a live worker on each lane named."""
     need = tuple(lane for v in request.args.getlist("lane") for lane in v.split(",") if lane)

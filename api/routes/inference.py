@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
-from flask import Blueprint, Response, g, stream_with_context
+from flask import Response, g, stream_with_context
 
 from api import streams
 from api.current import admit, context
 from api.errors import error_body
 from api.request_parsing import json_body
+from api.routes.contract import Blueprint
 from jobs.core.errors import InferqError
 from jobs.core.status import StreamEvent
 from jobs.fleet import catalog
 from jobs.protocol.endpoints import CHAT, COMPLETIONS
 from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.objects.inference import (
+    ChatChoice,
+    ChatCompletion,
+    Completion,
+    CompletionChoice,
+    CompletionUsage,
+)
 from jobs.protocol.parsing import parse_embeddings, parse_generation, parse_responses
 from jobs.protocol.responses import EventWriter, response_body
 from jobs.protocol.responses_request import ResponsesBody, chat_body
-from jobs.protocol.shapes import ChunkWriter, chat_completion, text_completion
+from jobs.protocol.shapes import ChunkWriter
 from jobs.protocol.tool_calls import ChunkCalls, rewrite_completion
 from jobs.protocol.tool_use import tools_of
 from jobs.realtime import serve
@@ -88,14 +96,25 @@ def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
     if req.stream:
         return _streamed(gen, _sse(gen, req, endpoint == CHAT), give_back)
     done = gen.collect()
-    build = chat_completion if endpoint == CHAT else text_completion
-    out = build(req.model, done["text"], done["finish_reason"], done["prompt_tokens"],
-                done["completion_tokens"])
-    if "choices" in done:  # several choices or log probabilities: as the worker built them
-        out["choices"] = done["choices"]
+    use = CompletionUsage.of(done["prompt_tokens"], done["completion_tokens"])
+    out: ChatCompletion | Completion
     if endpoint == CHAT:
-        rewrite_completion(out, tools_of(body))
+        out = rewrite_completion(ChatCompletion.of(req.model, _choices(ChatChoice, done), use),
+                                 tools_of(body))
+    else:
+        out = Completion.of(req.model, _choices(CompletionChoice, done), use)
     return out, 200, version_header(gen.version)
+
+
+C = TypeVar("C", ChatChoice, CompletionChoice)
+
+
+def _choices(cls: type[C], done: dict[str, Any]) -> list[C]:
+    """A collected answer's choices: as the worker built them (several choices, or log
+    probabilities), or its one choice."""
+    if "choices" in done:
+        return [cls.model_validate(c) for c in done["choices"]]
+    return [cls.of(0, done["text"], done["finish_reason"])]
 
 
 def _streamed(gen: serve.Generation, events: Iterator[bytes],

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, g
+from flask import g
 
 from api.current import admit, context
 from api.idempotency import idempotent
 from api.request_parsing import json_body
+from api.routes.contract import Blueprint
 from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.core.schema import new_id
+from jobs.protocol.objects.jobs import JobObject
 from jobs.protocol.validation import parse_model
 from jobs.tenants import token_counts
 from jobs.webhooks import endpoints
@@ -20,7 +20,7 @@ bp = Blueprint("jobs", __name__)
 
 @bp.post("/jobs")
 @idempotent
-def create() -> Any:
+def create() -> tuple[JobObject, int]:
     req: asyncjobs.JobCreate = parse_model(asyncjobs.JobCreate, json_body())
     ctx = context()
     clean = asyncjobs.validate(ctx, req.endpoint, req.body)
@@ -32,9 +32,9 @@ def create() -> Any:
     job = asyncjobs.store(ctx, g.tenant_id, req.endpoint, clean,
                           callback_url=req.callback_url, api_key_id=g.api_key_id,
                           job_id=job_id)
-    return asyncjobs.job_object(job), 200
+    return JobObject.of(job), 200
 
 
 @bp.get("/jobs/<job_id>")
-def retrieve(job_id: str) -> Any:
-    return asyncjobs.job_object(asyncjobs.get(context(), g.tenant_id, job_id))
+def retrieve(job_id: str) -> JobObject:
+    return JobObject.of(asyncjobs.get(context(), g.tenant_id, job_id))

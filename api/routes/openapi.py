@@ -17,11 +17,12 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, current_app, render_template
+from flask import current_app, render_template
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from werkzeug.routing import Rule
 
+from api.routes.contract import Blueprint
 from api.routes.openapi_views import (
     ADMINISTERED,
     AUTHENTICATED,
@@ -41,7 +42,7 @@ from api.routes.openapi_views import (
     UPLOADS,
     parameter,
 )
-from api.schemas.common import Error
+from jobs.protocol.objects.common import Error
 
 bp = Blueprint("openapi", __name__,
                template_folder=str(Path(__file__).resolve().parent.parent / "templates"))

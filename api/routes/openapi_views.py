@@ -10,7 +10,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.routes import admin, fleet
-from api.schemas.admin import (
+from jobs.asyncjobs.lifecycle import JobCreate
+from jobs.batches import partial
+from jobs.batches.retry import BatchRetry
+from jobs.batches.uploads import UploadComplete, UploadCreate
+from jobs.core.lanes import MODEL_LANES
+from jobs.protocol.batch import BatchCreate
+from jobs.protocol.embeddings import EmbeddingsBody
+from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.objects.admin import (
     ApiKey,
     CompletionsUsage,
     CostsResult,
@@ -23,18 +31,31 @@ from api.schemas.admin import (
     ServiceAccountCreated,
     UsagePage,
 )
-from api.schemas.batches import BatchObject
-from api.schemas.common import Deleted, Page
-from api.schemas.files import FileObject, FileUpload, PartUpload, UploadObject, UploadPartObject
-from api.schemas.fleet import Health, Liveness, ModelList, ModelObject, Rollout, RolloutList
-from api.schemas.inference import (
+from jobs.protocol.objects.batches import BatchObject
+from jobs.protocol.objects.common import Deleted, Page
+from jobs.protocol.objects.files import (
+    FileObject,
+    FileUpload,
+    PartUpload,
+    UploadObject,
+    UploadPartObject,
+)
+from jobs.protocol.objects.fleet import (
+    Health,
+    Liveness,
+    ModelList,
+    ModelObject,
+    Rollout,
+    RolloutList,
+)
+from jobs.protocol.objects.inference import (
     ChatCompletion,
     Completion,
     EmbeddingsResponse,
-    JobObject,
     ResponseObject,
 )
-from api.schemas.webhooks import (
+from jobs.protocol.objects.jobs import JobObject
+from jobs.protocol.objects.webhooks import (
     CallbackSecret,
     CallbackSecretWithSecret,
     Delivery,
@@ -43,14 +64,6 @@ from api.schemas.webhooks import (
     WebhookEndpointWithSecret,
     WebhookTestResult,
 )
-from jobs.asyncjobs.lifecycle import JobCreate
-from jobs.batches import partial
-from jobs.batches.retry import BatchRetry
-from jobs.batches.uploads import UploadComplete, UploadCreate
-from jobs.core.lanes import MODEL_LANES
-from jobs.protocol.batch import BatchCreate
-from jobs.protocol.embeddings import EmbeddingsBody
-from jobs.protocol.generation import ChatBody, CompletionBody
 from jobs.protocol.responses_request import ResponsesBody
 from jobs.tenants import projects as tenants
 from jobs.tenants import usage

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flask import Blueprint, Response, send_from_directory
+from flask import Response, send_from_directory
+
+from api.routes.contract import Blueprint
 
 bp = Blueprint("ui", __name__)
 ROOT = Path(__file__).resolve().parent.parent / "static" / "dashboard"

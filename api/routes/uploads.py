@@ -3,16 +3,15 @@ cancel it. The use cases are jobs/batches/uploads.py's."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, g, request
+from flask import g, request
 
 from api.current import context
 from api.idempotency import idempotent
 from api.request_parsing import json_body
-from api.schemas.files import upload_object, upload_part_object
+from api.routes.contract import Blueprint
 from jobs.batches import uploads
 from jobs.core.errors import InvalidRequest, shown
+from jobs.protocol.objects.files import UploadObject, UploadPartObject
 from jobs.protocol.validation import parse_model
 
 bp = Blueprint("uploads", __name__)
@@ -22,15 +21,16 @@ FORM_SLACK = 64 * 1024  # a part's body: its bytes, plus this much of multipart 
 
 @bp.post("/uploads")
 @idempotent
-def create() -> Any:
+def create() -> UploadObject:
     """Create an upload: a file of a declared size, sent in parts."""
     req = parse_model(uploads.UploadCreate, json_body())
-    return upload_object(uploads.create(context(), g.tenant_id, req), None)
+    up = uploads.create(context(), g.tenant_id, req)
+    return UploadObject.of(up, uploads.status_of(up))
 
 
 @bp.post("/uploads/<upload_id>/parts")
 @idempotent
-def add_part(upload_id: str) -> Any:
+def add_part(upload_id: str) -> UploadPartObject:
     """Add a part: the multipart field ``data``, stored as it is (its order is given at
     completion)."""
     ctx = context()
@@ -45,20 +45,21 @@ def add_part(upload_id: str) -> Any:
         raise InvalidRequest("a part is one multipart field 'data' (a file)"
                              + ("" if data else "; none was sent"), param="data")
     part = uploads.add_part(ctx, g.tenant_id, upload_id, data[0].stream)
-    return upload_part_object(part)
+    return UploadPartObject.of(part)
 
 
 @bp.post("/uploads/<upload_id>/complete")
-def complete(upload_id: str) -> Any:
+def complete(upload_id: str) -> UploadObject:
     """Complete the upload: its parts, in the order of ``part_ids``, become a File."""
     ctx = context()
     uploads.check_exists(ctx, g.tenant_id, upload_id)  # another project's: 404, whatever
     req = parse_model(uploads.UploadComplete, json_body())
     up, f = uploads.complete(ctx, g.tenant_id, upload_id, req)
-    return upload_object(up, f)
+    return UploadObject.of(up, uploads.status_of(up), f)
 
 
 @bp.post("/uploads/<upload_id>/cancel")
-def cancel(upload_id: str) -> Any:
+def cancel(upload_id: str) -> UploadObject:
     """Cancel the upload: no part may be added, and those added are deleted."""
-    return upload_object(uploads.cancel(context(), g.tenant_id, upload_id), None)
+    up = uploads.cancel(context(), g.tenant_id, upload_id)
+    return UploadObject.of(up, uploads.status_of(up))

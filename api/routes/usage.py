@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, request
+from flask import request
 
 from api.current import context
+from api.routes.contract import Blueprint
+from jobs.protocol.objects.admin import CompletionsUsage, CostsResult, EmbeddingsUsage, UsagePage
 from jobs.tenants import usage
 
 bp = Blueprint("usage", __name__)
@@ -21,20 +21,16 @@ def _args() -> dict[str, list[str]]:
     return out
 
 
-def _page(what: str) -> Any:
-    return usage.query(context(), what, _args())
-
-
 @bp.get("/usage/completions")
-def completions() -> Any:
-    return _page(usage.COMPLETIONS)
+def completions() -> UsagePage[CompletionsUsage]:
+    return usage.query(context(), usage.COMPLETIONS, _args())
 
 
 @bp.get("/usage/embeddings")
-def embeddings() -> Any:
-    return _page(usage.EMBEDDINGS_KIND)
+def embeddings() -> UsagePage[EmbeddingsUsage]:
+    return usage.query(context(), usage.EMBEDDINGS_KIND, _args())
 
 
 @bp.get("/costs")
-def costs() -> Any:
-    return _page("costs")
+def costs() -> UsagePage[CostsResult]:
+    return usage.query(context(), "costs", _args())

@@ -6,18 +6,27 @@ and the project's secret for per-request callbacks (``/v1/webhook_callback_secre
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, g, request
+from flask import g, request
 
 from api.current import context
 from api.request_parsing import ID, json_body, optional_json_body, page_params
-from api.schemas.common import page
+from api.routes.contract import Blueprint
 from jobs.core.errors import InvalidRequest, NotFound, shown
+from jobs.protocol.objects.common import Deleted, Page
+from jobs.protocol.objects.webhooks import (
+    CallbackSecret,
+    CallbackSecretWithSecret,
+    Delivery,
+    EventTypeList,
+    WebhookEndpoint,
+    WebhookEndpointWithSecret,
+    WebhookTestResult,
+)
 from jobs.protocol.validation import parse_model
 from jobs.webhooks import deliveries as outbox
 from jobs.webhooks import endpoints
 from jobs.webhooks import events as webhooks
+from jobs.webhooks.signing import secret_hint
 
 bp = Blueprint("webhooks", __name__)
 
@@ -33,48 +42,49 @@ def _check_path_ids() -> None:
 
 
 @bp.post("/webhook_endpoints")
-def create() -> Any:
+def create() -> WebhookEndpointWithSecret:
     req = parse_model(endpoints.EndpointCreate, json_body())
-    return endpoints.endpoint_object(endpoints.create_endpoint(context(), g.tenant_id, req),
-                                    with_secret=True)
+    e = endpoints.create_endpoint(context(), g.tenant_id, req)
+    return WebhookEndpointWithSecret.of(e, secret_hint(e.secret))
 
 
 @bp.get("/webhook_endpoints")
-def list_() -> Any:
+def list_() -> Page[WebhookEndpoint]:
     after, limit = page_params()
     rows, more = endpoints.list_endpoints(context(), g.tenant_id, after, limit)
-    return page([endpoints.endpoint_object(e) for e in rows], more)
+    return Page[WebhookEndpoint].of(
+        [WebhookEndpoint.of(e, secret_hint(e.secret)) for e in rows], more)
 
 
 @bp.get("/webhook_endpoints/<webhook_endpoint_id>")
-def retrieve(webhook_endpoint_id: str) -> Any:
-    return endpoints.endpoint_object(
-        endpoints.get_endpoint(context(), g.tenant_id, webhook_endpoint_id))
+def retrieve(webhook_endpoint_id: str) -> WebhookEndpoint:
+    e = endpoints.get_endpoint(context(), g.tenant_id, webhook_endpoint_id)
+    return WebhookEndpoint.of(e, secret_hint(e.secret))
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>")
-def update(webhook_endpoint_id: str) -> Any:
+def update(webhook_endpoint_id: str) -> WebhookEndpoint:
     req = parse_model(endpoints.EndpointUpdate, optional_json_body())
-    return endpoints.endpoint_object(
-        endpoints.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req))
+    e = endpoints.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req)
+    return WebhookEndpoint.of(e, secret_hint(e.secret))
 
 
 @bp.delete("/webhook_endpoints/<webhook_endpoint_id>")
-def delete(webhook_endpoint_id: str) -> Any:
+def delete(webhook_endpoint_id: str) -> Deleted:
     endpoints.delete_endpoint(context(), g.tenant_id, webhook_endpoint_id)
-    return {"id": webhook_endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+    return Deleted(id=webhook_endpoint_id, object="webhook_endpoint.deleted", deleted=True)
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret")
-def rotate_secret(webhook_endpoint_id: str) -> Any:
+def rotate_secret(webhook_endpoint_id: str) -> WebhookEndpointWithSecret:
     req = parse_model(endpoints.RotateSecret, optional_json_body())
     e = endpoints.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
                                req.keep_old_secret_active_for_24_hours)
-    return endpoints.endpoint_object(e, with_secret=True)
+    return WebhookEndpointWithSecret.of(e, secret_hint(e.secret))
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/test")
-def test(webhook_endpoint_id: str) -> Any:
+def test(webhook_endpoint_id: str) -> WebhookTestResult:
     """A result (``success: true``) only for a test that delivered, by the rule of every
     delivery (a 2xx answer); any other answer is a 400 ``webhook_test_failed`` saying
     what the endpoint answered, no answer at all a 400 ``webhook_unreachable``."""
@@ -87,37 +97,39 @@ def test(webhook_endpoint_id: str) -> Any:
     if not outcome.delivered:
         raise InvalidRequest(f"the test event was not delivered: {outcome.failure}",
                              param="webhook_endpoint_id", code="webhook_test_failed")
-    return {"object": "webhook_endpoint.test", "webhook_endpoint_id": webhook_endpoint_id,
-            "event_type": req.event_type, "status_code": outcome.status, "success": True}
+    return WebhookTestResult(webhook_endpoint_id=webhook_endpoint_id,
+                             event_type=req.event_type, status_code=outcome.status,
+                             success=True)
 
 
 @bp.get("/webhook_event_types")
-def event_types() -> Any:
-    return {"object": "list", "data": list(webhooks.EVENT_TYPES)}
+def event_types() -> EventTypeList:
+    return EventTypeList(data=list(webhooks.EVENT_TYPES))
 
 
 @bp.get("/webhook_endpoints/<webhook_endpoint_id>/deliveries")
-def deliveries(webhook_endpoint_id: str) -> Any:
+def deliveries(webhook_endpoint_id: str) -> Page[Delivery]:
     after, limit = page_params()
     rows, more = endpoints.list_deliveries(context(), g.tenant_id, webhook_endpoint_id, after,
                                           limit)
-    return page([endpoints.delivery_object(*r) for r in rows], more)
+    return Page[Delivery].of([Delivery.of(*r) for r in rows], more)
 
 
 @bp.post("/webhook_endpoints/<webhook_endpoint_id>/deliveries/<delivery_id>/resend")
-def resend(webhook_endpoint_id: str, delivery_id: str) -> Any:
-    return endpoints.delivery_object(
+def resend(webhook_endpoint_id: str, delivery_id: str) -> Delivery:
+    return Delivery.of(
         *endpoints.resend(context(), g.tenant_id, webhook_endpoint_id, delivery_id))
 
 
 @bp.get("/webhook_callback_secret")
-def callback_secret() -> Any:
-    return endpoints.callback_secret_object(endpoints.get_callback_secret(context(), g.tenant_id))
+def callback_secret() -> CallbackSecret:
+    row = endpoints.get_callback_secret(context(), g.tenant_id)
+    return CallbackSecret.of(row, secret_hint(row.secret))
 
 
 @bp.post("/webhook_callback_secret")
-def rotate_callback_secret() -> Any:
+def rotate_callback_secret() -> CallbackSecretWithSecret:
     req = parse_model(endpoints.RotateSecret, optional_json_body())
     row = endpoints.rotate_callback_secret(context(), g.tenant_id,
                                           req.keep_old_secret_active_for_24_hours)
-    return endpoints.callback_secret_object(row, with_secret=True)
+    return CallbackSecretWithSecret.of(row, secret_hint(row.secret))

@@ -206,12 +206,3 @@ def recover(ctx: Context, stale_queued_s: float = 30) -> list[str]:
     if jobs:
         push(ctx, jobs)
     return [j.id for j in jobs]
-
-
-def job_object(job: Job) -> dict[str, Any]:
-    return {"id": job.id, "object": "job", "endpoint": job.endpoint, "status": job.status,
-            "created_at": job.created_at, "started_at": job.started_at,
-            "completed_at": job.completed_at, "result": job.result, "error": job.error,
-            "callback_url": job.callback_url, "attempts": job.attempt,
-            "model_version": job.model_version}
-

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import select
 
-from jobs.core import refs
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, ModelNotFound, shown
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry, shadow
+from jobs.protocol.objects.fleet import Rollout, ShadowRow
 
 TTL_S = 0.5
 
@@ -136,30 +135,21 @@ def route(ctx: Context, name: str) -> Route:
 # What an operator sees and changes ----------------------------------------------------------
 
 
-def status(ctx: Context, name: str) -> dict[str, Any]:
+def status(ctx: Context, name: str) -> Rollout:
     """A name's versions with their traffic, shadow share, warm pool and residency (the
     live workers holding each, the loads so far), and the shadow report.
     NotFound for a name the registry does not hold."""
     versions = registry.versions(ctx, name)
     if not versions:
         raise ModelNotFound(f"The model {shown(name)} does not exist", param="model")
-    where = placement.where(ctx.redis)
-    loads = placement.load_counts(ctx.redis)
-    canary = sum(m.traffic_weight for m in versions if not m.is_default)
-    return {"object": "model.rollout", "name": name, "versions": [{
-        "version": m.version, "default": m.is_default, "precision": m.precision,
-        "engine": m.engine,
-        "traffic_weight": round(max(0.0, 1.0 - canary), 6) if m.is_default
-        else m.traffic_weight, "shadow_share": m.shadow_share,
-        "min_resident": m.min_resident, "idle_unload_s": m.idle_unload_s,
-        "resident_on": where.get(refs.model_ref(m.name, m.version), []),
-        "loads": loads.get(refs.model_ref(m.name, m.version), {})} for m in versions],
-        "shadow": shadow.report(ctx.redis, name)}
+    return Rollout.of(name, versions, placement.where(ctx.redis),
+                      placement.load_counts(ctx.redis),
+                      [ShadowRow(**r) for r in shadow.report(ctx.redis, name)])
 
 
 def change(ctx: Context, name: str, version: str | None, weight: float | None = None,
            shadow_share: float | None = None, promote: bool = False,
-           rollback: bool = False) -> dict[str, Any]:
+           rollback: bool = False) -> Rollout:
     """One rollout step: a canary ``weight`` and/or ``shadow_share`` for ``version``,
     its promotion, or a rollback (of ``version``, or of every canary and shadow of the
     name). InvalidRequest for a step that does not hold together."""
@@ -184,7 +174,7 @@ def change(ctx: Context, name: str, version: str | None, weight: float | None = 
 
 
 def set_pool(ctx: Context, name: str, version: str, min_resident: int | None,
-             idle_unload_s: int | None, keep_forever: bool = False) -> dict[str, Any]:
+             idle_unload_s: int | None, keep_forever: bool = False) -> Rollout:
     try:
         registry.set_pool(ctx, name, version, min_resident, idle_unload_s, keep_forever)
     except ValueError as e:

@@ -20,11 +20,23 @@ import time
 from typing import Any
 
 from jobs.core.schema import new_id
+from jobs.protocol.objects.inference import (
+    FunctionCallItem,
+    IncompleteDetails,
+    ItemStatus,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponseText,
+    ResponseUsage,
+)
 from jobs.protocol.responses_request import ResponsesBody, chat_body
 from jobs.protocol.tool_calls import Call, CallStream, parse
 from jobs.protocol.tool_use import Tools, tools_of
 
-COMPLETED, INCOMPLETE, IN_PROGRESS = "completed", "incomplete", "in_progress"
+COMPLETED: ItemStatus = "completed"
+INCOMPLETE: ItemStatus = "incomplete"
+IN_PROGRESS: ItemStatus = "in_progress"
 
 
 def response_id() -> str:
@@ -44,56 +56,36 @@ def response_tools(req: ResponsesBody) -> Tools | None:
     return tools_of(chat_body(req)) if req.tools else None
 
 
-def function_call(call: Call, item_id: str, status: str) -> dict[str, Any]:
+def function_call(call: Call, item_id: str, status: ItemStatus) -> FunctionCallItem:
     """A call as an output item; ``status`` in_progress: its arguments not sent yet."""
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": "" if status == IN_PROGRESS else call.arguments, "status": status}
+    return FunctionCallItem(id=item_id, call_id=call.id, name=call.name, status=status,
+                            arguments="" if status == IN_PROGRESS else call.arguments)
 
 
-def status_of(finish_reason: str | None) -> str:
+def status_of(finish_reason: str | None) -> ItemStatus:
     """The Response's status for the chat answer's finish reason: ``length`` (the
     token limit, or the end of the context) is ``incomplete``."""
     return INCOMPLETE if finish_reason == "length" else COMPLETED
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": input_tokens + output_tokens}
-
-
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def output_message(mid: str, text: str | None, status: str) -> dict[str, Any]:
+def output_message(mid: str, text: str | None, status: ItemStatus) -> OutputMessage:
     """The answer's one output item; ``text`` None: none of its content yet."""
-    return {"id": mid, "type": "message", "status": status, "role": "assistant",
-            "content": [] if text is None else [output_text(text)]}
+    return OutputMessage(id=mid, status=status,
+                         content=[] if text is None else [OutputText(text=text)])
 
 
-def response_object(req: ResponsesBody, *, rid: str, created_at: int, status: str,
-                    output: list[dict[str, Any]], use: dict[str, Any] | None,
-                    completed_at: int | None = None) -> dict[str, Any]:
-    return {
-        "id": rid, "object": "response", "created_at": created_at, "status": status,
-        "background": False, "completed_at": completed_at, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == INCOMPLETE
-        else None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "max_tool_calls": None, "metadata": dict(req.metadata or {}), "model": req.model,
-        "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
-        "prompt": None, "prompt_cache_key": None, "prompt_cache_retention": None,
-        "reasoning": {"effort": None, "summary": None}, "safety_identifier": None,
-        "service_tier": "default", "store": False, "temperature": req.temperature,
-        "text": {"format": text_format(req), "verbosity": None},
-        "tool_choice": tool_choice(req), "tools": [t.echoed() for t in req.tools or []],
-        "top_logprobs": 0, "top_p": req.top_p, "truncation": "disabled",
-        "usage": use, "user": req.user,
-    }
+def response_object(req: ResponsesBody, *, rid: str, created_at: int, status: ItemStatus,
+                    output: list[OutputMessage | FunctionCallItem], use: ResponseUsage | None,
+                    completed_at: int | None = None) -> ResponseObject:
+    return ResponseObject(
+        id=rid, created_at=created_at, status=status, completed_at=completed_at,
+        incomplete_details=IncompleteDetails() if status == INCOMPLETE else None,
+        instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+        metadata=dict(req.metadata or {}), model=req.model, output=output,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        temperature=req.temperature, text=ResponseText(format=text_format(req)),
+        tool_choice=tool_choice(req), tools=[t.echoed() for t in req.tools or []],
+        top_p=req.top_p, usage=use, user=req.user)
 
 
 def tool_choice(req: ResponsesBody) -> Any:
@@ -115,16 +107,19 @@ def text_format(req: ResponsesBody) -> dict[str, Any]:
 def response_body(req: ResponsesBody, text: str, finish_reason: str, prompt_tokens: int,
                   completion_tokens: int, rid: str | None = None,
                   created_at: int | None = None) -> dict[str, Any]:
-    """The whole Response of a chat answer (its text, finish reason and usage)."""
+    """The whole Response of a chat answer (its text, finish reason and usage), as
+    sent."""
     now = int(time.time())
     status = status_of(finish_reason)
     tools = response_tools(req)
     content, calls = parse(text, tools) if tools is not None else (text, [])
-    output = [] if content is None else [output_message(message_id(), content, status)]
+    output: list[OutputMessage | FunctionCallItem] = (
+        [] if content is None else [output_message(message_id(), content, status)])
     output += [function_call(c, call_item_id(), COMPLETED) for c in calls]
     return response_object(req, rid=rid or response_id(), created_at=created_at or now,
                            status=status, output=output,
-                           use=usage(prompt_tokens, completion_tokens), completed_at=now)
+                           use=ResponseUsage.of(prompt_tokens, completion_tokens),
+                           completed_at=now).body()
 
 
 class EventWriter:
@@ -148,19 +143,19 @@ class EventWriter:
         self.shown: list[str] = []  # the message's text
         self.calls = CallStream(tools) if (tools := response_tools(req)) else None
         self.message_index: int | None = None
-        self.items: list[dict[str, Any]] = []  # the call items, done
+        self.items: list[FunctionCallItem] = []  # the call items, done
 
     def _event(self, kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
         out = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
         return kind, out
 
-    def _response(self, status: str, output: list[dict[str, Any]],
-                  use: dict[str, Any] | None, completed_at: int | None = None
+    def _response(self, status: ItemStatus, output: list[OutputMessage | FunctionCallItem],
+                  use: ResponseUsage | None, completed_at: int | None = None
                   ) -> dict[str, Any]:
         return response_object(self.req, rid=self.id, created_at=self.created_at,
                                status=status, output=output, use=use,
-                               completed_at=completed_at)
+                               completed_at=completed_at).body()
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.message_id, "output_index": self.message_index,
@@ -180,9 +175,9 @@ class EventWriter:
     def _open_message(self) -> list[tuple[str, dict[str, Any]]]:
         self.message_index = self._outputs()
         return [self._event("response.output_item.added", output_index=self.message_index,
-                            item=output_message(self.message_id, None, IN_PROGRESS)),
+                            item=output_message(self.message_id, None, IN_PROGRESS).body()),
                 self._event("response.content_part.added", **self._at(),
-                            part=output_text(""))]
+                            part=OutputText(text="").body())]
 
     def delta(self, text: str) -> list[tuple[str, dict[str, Any]]]:
         self.parts.append(text)
@@ -208,12 +203,13 @@ class EventWriter:
         done = function_call(call, item_id, COMPLETED)
         self.items.append(done)
         return [self._event("response.output_item.added", output_index=index,
-                            item=function_call(call, item_id, IN_PROGRESS)),
+                            item=function_call(call, item_id, IN_PROGRESS).body()),
                 self._event("response.function_call_arguments.delta", **at,
                             delta=call.arguments),
                 self._event("response.function_call_arguments.done", **at,
                             arguments=call.arguments),
-                self._event("response.output_item.done", output_index=index, item=done)]
+                self._event("response.output_item.done", output_index=index,
+                            item=done.body())]
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -224,7 +220,7 @@ class EventWriter:
         out = self._pieces(self.calls.finish()) if self.calls is not None else []
         if self.message_index is None and not self.items:
             out += self._open_message()  # an empty answer is an empty message
-        output = list(self.items)
+        output: list[OutputMessage | FunctionCallItem] = list(self.items)
         if self.message_index is not None:
             text = "".join(self.shown)
             item = output_message(self.message_id, text, status)
@@ -232,10 +228,10 @@ class EventWriter:
             out += [self._event("response.output_text.done", **self._at(), text=text,
                                 logprobs=[]),
                     self._event("response.content_part.done", **self._at(),
-                                part=output_text(text)),
+                                part=OutputText(text=text).body()),
                     self._event("response.output_item.done",
-                                output_index=self.message_index, item=item)]
-        done = self._response(status, output, usage(prompt_tokens, completion_tokens),
+                                output_index=self.message_index, item=item.body())]
+        done = self._response(status, output, ResponseUsage.of(prompt_tokens, completion_tokens),
                               int(time.time()))
         return [*out, self._event(f"response.{status}", response=done)]
 

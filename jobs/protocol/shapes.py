@@ -1,5 +1,6 @@
-"""OpenAI response bodies for text generation, shared by the API (streaming and
-interactive answers) and the workers (batch output lines)."""
+"""The chunks of a streamed chat completion or completion (``chat.completion.chunk``,
+``text_completion``): the Server-Sent Events of ``stream: true``. Whole answers are
+jobs.protocol.objects.inference's models."""
 
 from __future__ import annotations
 
@@ -7,40 +8,11 @@ import time
 from typing import Any
 
 from jobs.core.schema import new_id
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+from jobs.protocol.objects.inference import CompletionUsage
 
 
 def completion_id(chat: bool) -> str:
     return new_id("chatcmpl-" if chat else "cmpl-")
-
-
-def chat_completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                    completion_tokens: int, cid: str | None = None,
-                    created: int | None = None) -> dict[str, Any]:
-    message = {"role": "assistant", "content": text, "refusal": None}
-    return _completion(True, model, {"message": message}, finish_reason,
-                       usage(prompt_tokens, completion_tokens), cid, created)
-
-
-def text_completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
-                    completion_tokens: int, cid: str | None = None,
-                    created: int | None = None) -> dict[str, Any]:
-    return _completion(False, model, {"text": text}, finish_reason,
-                       usage(prompt_tokens, completion_tokens), cid, created)
-
-
-def _completion(chat: bool, model: str, content: dict[str, Any], finish_reason: str,
-                use: dict[str, int], cid: str | None, created: int | None) -> dict[str, Any]:
-    return {
-        "id": cid or completion_id(chat), "object": "chat.completion" if chat else
-        "text_completion", "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, **content, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": use, "system_fingerprint": None,
-    }
 
 
 class ChunkWriter:
@@ -81,4 +53,5 @@ class ChunkWriter:
         return self._chunk([self._choice(None if self.chat else "", reason)])
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return self._chunk([], usage=usage(prompt_tokens, completion_tokens))
+        return self._chunk([], usage=CompletionUsage.of(prompt_tokens,
+                                                         completion_tokens).body())

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from jobs.protocol.objects.inference import ChatCompletion, ToolCall, ToolCallFunction
 from jobs.protocol.tool_use import CLOSE, OPEN, Tools
 
 BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
@@ -36,9 +37,9 @@ class Call:
     arguments: str
     id: str = field(default_factory=call_id)
 
-    def chat(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+    def tool_call(self) -> ToolCall:
+        return ToolCall(id=self.id, function=ToolCallFunction(name=self.name,
+                                                              arguments=self.arguments))
 
 
 def read_call(block: str, names: set[str]) -> Call | None:
@@ -84,17 +85,16 @@ def finish_reason(reason: str, calls: list[Call]) -> str:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def rewrite_completion(body: dict[str, Any], tools: Tools | None) -> dict[str, Any]:
+def rewrite_completion(body: ChatCompletion, tools: Tools | None) -> ChatCompletion:
     """A chat.completion with each choice's calls read from its content (in place)."""
     if tools is None:
         return body
-    for choice in body.get("choices", []):
-        message = choice["message"]
-        content, calls = parse(message.get("content") or "", tools)
+    for choice in body.choices:
+        content, calls = parse(choice.message.content or "", tools)
         if calls:
-            message["content"] = content
-            message["tool_calls"] = [c.chat() for c in calls]
-            choice["finish_reason"] = finish_reason(choice["finish_reason"], calls)
+            choice.message.content = content
+            choice.message.tool_calls = [c.tool_call() for c in calls]
+            choice.finish_reason = finish_reason(choice.finish_reason, calls)
     return body
 
 
@@ -195,7 +195,7 @@ class ChunkCalls:
                 d: dict[str, Any] = {**head, "content": piece}
             else:
                 at = stream.calls.index(piece)
-                d = {**head, "tool_calls": [{"index": at, **piece.chat()}]}
+                d = {**head, "tool_calls": [{"index": at, **piece.tool_call().body()}]}
             out.append({"index": index, "delta": d, "finish_reason": None,
                         "logprobs": logprobs})
             head, logprobs = {}, None

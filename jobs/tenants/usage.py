@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final, Literal, overload
 
 from sqlalchemy import ColumnElement, func, literal, select
 from sqlalchemy.dialects.postgresql import insert
@@ -36,8 +36,17 @@ from jobs.core.lanes import FLEX_TIER, tier_of
 from jobs.core.schema import UsageRecord
 from jobs.core.settings import Settings
 from jobs.protocol.endpoints import EMBEDDINGS
+from jobs.protocol.objects.admin import (
+    Amount,
+    Bucket,
+    CompletionsUsage,
+    CostsResult,
+    EmbeddingsUsage,
+    UsagePage,
+)
 
-COMPLETIONS, EMBEDDINGS_KIND = "completions", "embeddings"
+COMPLETIONS: Final = "completions"
+EMBEDDINGS_KIND: Final = "embeddings"
 
 
 def kind_of(endpoint: str) -> str:
@@ -216,6 +225,14 @@ def parse_query(what: str, args: Mapping[str, list[str]], now: float | None = No
                  None if batch is None else batch == "true")
 
 
+Result = CompletionsUsage | EmbeddingsUsage | CostsResult
+# what -> the models of its page and buckets
+PAGES: dict[str, tuple[type[UsagePage[Any]], type[Bucket[Any]]]] = {
+    COMPLETIONS: (UsagePage[CompletionsUsage], Bucket[CompletionsUsage]),
+    EMBEDDINGS_KIND: (UsagePage[EmbeddingsUsage], Bucket[EmbeddingsUsage]),
+    "costs": (UsagePage[CostsResult], Bucket[CostsResult]),
+}
+
 _COLUMNS: dict[str, Any] = {
     "project_id": UsageRecord.tenant_id, "api_key_id": UsageRecord.api_key_id,
     "model": UsageRecord.model, "service_tier": UsageRecord.service_tier,
@@ -228,7 +245,7 @@ def _line_item(model: str, tier: str) -> str:
     return f"{model}, {tier}"
 
 
-def page(s: Session, q: Query) -> dict[str, Any]:
+def page(s: Session, q: Query) -> UsagePage[Any]:
     """One page of buckets: ``limit`` buckets from ``q.page_start``, empty ones
     included. Bucket edges are multiples of the width (UTC); the first and last are
     clipped to [start_time, end_time), and each counts exactly the records created in
@@ -269,24 +286,32 @@ def page(s: Session, q: Query) -> dict[str, Any]:
     found: dict[int, list[Any]] = {}
     for row in s.execute(stmt):
         found.setdefault(int(row.bucket), []).append(row)
-    data = []
-    for edge in range(q.page_start, stop, q.width):
-        results = [_result(q, row) for row in found.get(edge, [])]
-        data.append({"object": "bucket", "start_time": max(edge, q.start_time),
-                     "end_time": min(edge + q.width, q.end_time), "results": results})
+    page_of, bucket_of = PAGES[q.what]
+    data = [bucket_of(start_time=max(edge, q.start_time),
+                      end_time=min(edge + q.width, q.end_time),
+                      results=[_result(q, row) for row in found.get(edge, [])])
+            for edge in range(q.page_start, stop, q.width)]
     more = stop < q.end_time
-    return {"object": "page", "data": data, "has_more": more,
-            "next_page": f"page_{stop}" if more else None}
+    return page_of(data=data, has_more=more, next_page=f"page_{stop}" if more else None)
 
 
-def query(ctx: Context, what: str, args: Mapping[str, list[str]]) -> dict[str, Any]:
+@overload
+def query(ctx: Context, what: Literal["completions"], args: Mapping[str, list[str]]
+          ) -> UsagePage[CompletionsUsage]: ...
+@overload
+def query(ctx: Context, what: Literal["embeddings"], args: Mapping[str, list[str]]
+          ) -> UsagePage[EmbeddingsUsage]: ...
+@overload
+def query(ctx: Context, what: Literal["costs"], args: Mapping[str, list[str]]
+          ) -> UsagePage[CostsResult]: ...
+def query(ctx: Context, what: str, args: Mapping[str, list[str]]) -> UsagePage[Any]:
     """The use case behind ``GET /v1/organization/usage/<what>`` and ``/costs``."""
     q = parse_query(what, args)
     with ctx.db.session() as s:
         return page(s, q)
 
 
-def _result(q: Query, row: Any) -> dict[str, Any]:
+def _result(q: Query, row: Any) -> Result:
     m = row._mapping
     grouped = set(q.group_by)
 
@@ -297,24 +322,25 @@ def _result(q: Query, row: Any) -> dict[str, Any]:
     if q.what == "costs":
         item = (_line_item(m["k_model"], m["k_service_tier"]) if "line_item" in grouped
                 else None)
-        return {"object": "organization.costs.result",
-                "amount": {"value": _money(m["cost"]), "currency": "usd"},
-                "line_item": item, "project_id": key("project_id"),
-                "api_key_id": key("api_key_id"), "user_id": None, "api_source": source,
-                "quantity": float(m["seconds"]) if item is not None else None,
-                "quantity_unit": "duration_seconds" if item is not None else None}
-    common = {"input_tokens": int(m["input_tokens"]),
-              "num_model_requests": int(m["num_requests"]),
-              "project_id": key("project_id"), "user_id": None,
-              "api_key_id": key("api_key_id"), "model": key("model")}
+        return CostsResult(
+            amount=Amount(value=_money(m["cost"])), line_item=item,
+            project_id=key("project_id"), api_key_id=key("api_key_id"), user_id=None,
+            api_source=source, quantity=float(m["seconds"]) if item is not None else None,
+            quantity_unit="duration_seconds" if item is not None else None)
+    input_tokens, requests = int(m["input_tokens"]), int(m["num_requests"])
     if q.what == EMBEDDINGS_KIND:
-        return {"object": "organization.usage.embeddings.result", **common}
+        return EmbeddingsUsage(
+            input_tokens=input_tokens, num_model_requests=requests,
+            project_id=key("project_id"), user_id=None, api_key_id=key("api_key_id"),
+            model=key("model"))
     batch = m["k_batch"] if "batch" in grouped else None
-    return {"object": "organization.usage.completions.result", **common,
-            "output_tokens": int(m["output_tokens"]), "input_cached_tokens": 0,
-            "input_audio_tokens": 0, "output_audio_tokens": 0,
-            "batch": None if batch is None else bool(batch),
-            "service_tier": key("service_tier"), "api_source": source}
+    return CompletionsUsage(
+        input_tokens=input_tokens, num_model_requests=requests,
+        project_id=key("project_id"), user_id=None, api_key_id=key("api_key_id"),
+        model=key("model"), output_tokens=int(m["output_tokens"]), input_cached_tokens=0,
+        input_audio_tokens=0, output_audio_tokens=0,
+        batch=None if batch is None else bool(batch), service_tier=key("service_tier"),
+        api_source=source)
 
 
 def _money(value: float) -> float:

@@ -5,7 +5,6 @@ log, the project's secret for per-request callbacks, and the check of every targ
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
@@ -23,7 +22,7 @@ from jobs.core.webhook_tables import (
     WebhookEvent,
 )
 from jobs.webhooks.events import EVENT_TYPES
-from jobs.webhooks.signing import new_secret, secret_hint
+from jobs.webhooks.signing import new_secret
 from storage import outbound
 
 OLD_SECRET_GRACE_S = 24 * 3600
@@ -168,16 +167,6 @@ def rotate_secret(ctx: Context, tenant_id: str, endpoint_id: str, keep_old: bool
         return e
 
 
-def endpoint_object(e: WebhookEndpoint, with_secret: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": e.id, "object": "webhook_endpoint", "created_at": e.created_at,
-                           "updated_at": e.updated_at, "name": e.name, "url": e.url,
-                           "event_types": list(e.event_types),
-                           "signing_secret_hint": secret_hint(e.secret)}
-    if with_secret:
-        out["signing_secret"] = e.secret
-    return out
-
-
 # The project's callback secret -----------------------------------------------------------
 
 
@@ -216,16 +205,6 @@ def check_callback(ctx: Context, tenant_id: str, url: str) -> None:
                                  "deliveries: create it first with POST "
                                  "/v1/webhook_callback_secret", param="callback_url",
                                  code="callback_secret_missing")
-
-
-def callback_secret_object(row: WebhookCallbackSecret, with_secret: bool = False
-                           ) -> dict[str, Any]:
-    out: dict[str, Any] = {"object": "webhook_callback_secret", "created_at": row.created_at,
-                           "updated_at": row.updated_at,
-                           "signing_secret_hint": secret_hint(row.secret)}
-    if with_secret:
-        out["signing_secret"] = row.secret
-    return out
 
 
 # The delivery log --------------------------------------------------------------------------
@@ -272,15 +251,3 @@ def resend(ctx: Context, tenant_id: str, endpoint_id: str, delivery_id: str
         attempts = list(s.scalars(select(WebhookAttempt).where(
             WebhookAttempt.delivery_id == d.id).order_by(WebhookAttempt.id)))
     return d, ev, attempts
-
-
-def delivery_object(d: WebhookDelivery, ev: WebhookEvent, attempts: list[WebhookAttempt]
-                    ) -> dict[str, Any]:
-    return {"id": d.id, "object": "webhook_endpoint.delivery", "event_id": ev.id,
-            "event_type": ev.type, "webhook_endpoint_id": d.endpoint_id, "status": d.status,
-            "created_at": int(d.created_at), "delivered_at": None if d.delivered_at is None
-            else int(d.delivered_at), "next_attempt_at": None if d.status != "pending"
-            else int(d.next_attempt_at), "attempts": [
-                {"attempt": a.attempt, "started_at": int(a.started_at),
-                 "duration_ms": a.duration_ms, "status_code": a.status_code, "error": a.error}
-                for a in attempts]}

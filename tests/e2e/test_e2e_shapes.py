@@ -19,7 +19,7 @@ from jobs.core import errors
 from jobs.core.context import Context
 from jobs.core.schema import Batch, File, new_id
 from jobs.core.status import BatchStatus, ShardStatus
-from jobs.protocol import shapes
+from jobs.protocol.objects.inference import ChatCompletion, Completion
 from storage import keys
 from tests.factories import batch_rows
 from tests.helpers import jsonl, lines, upload, wait
@@ -60,9 +60,9 @@ def batch_row(ctx: Context, batch_id: str) -> dict[str, Any]:
 @pytest.mark.parametrize("endpoint", [URL["chat"], URL["completions"]])
 def test_parquet_generation_batch_finalizes_with_its_own_columns(ctx: Context,
                                                                  endpoint: str) -> None:
-    build = shapes.chat_completion if endpoint == URL["chat"] else shapes.text_completion
-    part = (outputs.ok_line("a", build(CHAT_MODEL, "Paris.", "stop", 11, 3))
-            + outputs.ok_line("b", build(CHAT_MODEL, "Blue", "length", 7, 4)))
+    build = ChatCompletion if endpoint == URL["chat"] else Completion
+    part = (outputs.ok_line("a", build.of_text(CHAT_MODEL, "Paris.", "stop", 11, 3).body())
+            + outputs.ok_line("b", build.of_text(CHAT_MODEL, "Blue", "length", 7, 4).body()))
     batch_id = make_batch(ctx, endpoint, [part])
     finalize.finalize_batch(ctx, batch_id)
     b = batch_row(ctx, batch_id)
@@ -84,7 +84,7 @@ def test_parquet_generation_batch_finalizes_with_its_own_columns(ctx: Context,
 
 
 def test_finalize_that_cannot_succeed_fails_the_batch_once(ctx: Context) -> None:
-    good = outputs.ok_line("a", shapes.chat_completion(CHAT_MODEL, "x", "stop", 1, 1))
+    good = outputs.ok_line("a", ChatCompletion.of_text(CHAT_MODEL, "x", "stop", 1, 1).body())
     batch_id = make_batch(ctx, URL["chat"], [good, b'{"custom_id": "b", "response": \n'])
     finalize.finalize_batch(ctx, batch_id)  # returns: the batch ends, nothing to retry
     b = batch_row(ctx, batch_id)

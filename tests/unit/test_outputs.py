@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from jobs.batches import outputs
 from jobs.batches.outputs import Tokens
-from jobs.protocol import shapes
+from jobs.protocol.objects.inference import ChatCompletion, Completion
 from storage.parquet import write_rows
 
 CHAT = "/v1/chat/completions"
@@ -39,7 +39,7 @@ def test_ok_and_error_lines_have_the_openai_batch_output_shape() -> None:
 
 
 def test_line_tokens_counts_prompt_and_completion_apart() -> None:
-    chat = parsed(outputs.ok_line("a", shapes.chat_completion("m", "hi", "stop", 12, 3)))
+    chat = parsed(outputs.ok_line("a", ChatCompletion.of_text("m", "hi", "stop", 12, 3).body()))
     assert outputs.line_tokens(chat) == Tokens(12, 3)
     emb = parsed(outputs.ok_line("b", {"data": [], "usage": {"prompt_tokens": 7,
                                                              "total_tokens": 7}}))
@@ -57,7 +57,7 @@ def test_iter_lines_reassembles_lines_cut_across_blocks() -> None:
 
 def test_generation_rows_for_chat_and_completions(tmp_path: Path) -> None:
     lines = [
-        outputs.ok_line("c1", shapes.chat_completion("m", "Paris", "stop", 20, 2)),
+        outputs.ok_line("c1", ChatCompletion.of_text("m", "Paris", "stop", 20, 2).body()),
         outputs.error_response_line("c2", 413, "too long", "request_too_large"),
         outputs.unrun_line("c3", "batch_expired", "expired first"),
     ]
@@ -72,7 +72,7 @@ def test_generation_rows_for_chat_and_completions(tmp_path: Path) -> None:
     assert write_rows(path, outputs.parquet_schema(CHAT), iter(rows)) == 3
     assert pq.read_table(path).to_pylist() == rows
 
-    text = outputs.ok_line("t1", shapes.text_completion("m", " 5, 6", "length", 9, 4))
+    text = outputs.ok_line("t1", Completion.of_text("m", " 5, 6", "length", 9, 4).body())
     row = outputs.parquet_row(COMPLETIONS, parsed(text))
     assert (row["content"], row["finish_reason"], row["completion_tokens"]) == \
         (" 5, 6", "length", 4)

@@ -151,7 +151,7 @@ def test_the_workers_build_the_same_object_from_a_stored_body() -> None:
 
 
 def test_the_api_describes_what_it_sends() -> None:
-    from api.schemas.inference import ResponseObject
+    from jobs.protocol.objects.inference import ResponseObject
 
     ResponseObject.model_validate(response_body(req(input="hi"), "x", "length", 1, 1))
     ResponseObject.model_validate(response_body(

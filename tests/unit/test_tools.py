@@ -25,10 +25,11 @@ from openai.types.responses import Response, ResponseStreamEvent
 from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
 from jobs.protocol.endpoints import CHAT, RESPONSES
+from jobs.protocol.objects.inference import ChatCompletion as ChatAnswer
 from jobs.protocol.parsing import parse_generation, parse_responses
 from jobs.protocol.responses import EventWriter, response_body
 from jobs.protocol.responses_request import chat_body
-from jobs.protocol.shapes import ChunkWriter, chat_completion
+from jobs.protocol.shapes import ChunkWriter
 from jobs.protocol.tool_calls import CallStream, ChunkCalls, parse, rewrite_completion
 from jobs.protocol.tool_use import Function, Tools, tools_of
 from jobs.protocol.tools import renders_tools
@@ -130,21 +131,21 @@ def test_many_calls_and_the_text_around_them() -> None:
 ])
 def test_malformed_text_stays_content(text: str) -> None:
     assert parse(text, SPEC) == (text, [])
-    body = rewrite_completion(chat_completion("m", text, "stop", 3, 4), SPEC)
+    body = rewrite_completion(ChatAnswer.of_text("m", text, "stop", 3, 4), SPEC).body()
     message = body["choices"][0]["message"]
     assert message["content"] == text and "tool_calls" not in message
     assert body["choices"][0]["finish_reason"] == "stop"
 
 
 def test_a_completion_with_calls_is_the_sdks() -> None:
-    body = rewrite_completion(chat_completion("m", "ok " + CALL, "stop", 3, 4), SPEC)
+    body = rewrite_completion(ChatAnswer.of_text("m", "ok " + CALL, "stop", 3, 4), SPEC).body()
     parsed = strict(ChatCompletion, body)
     choice = parsed.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "ok"
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather"
     # cut by the token limit: the calls read back, the reason kept
-    cut = rewrite_completion(chat_completion("m", CALL, "length", 3, 4), SPEC)
+    cut = rewrite_completion(ChatAnswer.of_text("m", CALL, "length", 3, 4), SPEC).body()
     assert cut["choices"][0]["finish_reason"] == "length"
 
 
@@ -264,7 +265,7 @@ def test_the_catalog_refuses_tools_for_a_model_whose_template_does_not_render_th
 def test_parquet_rows_carry_the_calls() -> None:
     from jobs.batches import outputs
 
-    body = rewrite_completion(chat_completion("m", CALL, "stop", 3, 4), SPEC)
+    body = rewrite_completion(ChatAnswer.of_text("m", CALL, "stop", 3, 4), SPEC).body()
     row = outputs.parquet_row(CHAT, orjson.loads(outputs.ok_line("a", body)))
     assert row["content"] is None and row["finish_reason"] == "tool_calls"
     assert json.loads(row["tool_calls"])[0]["function"]["name"] == "get_weather"

@@ -15,9 +15,20 @@ import numpy as np
 
 from jobs.core.errors import InferqError
 from jobs.protocol import responses as response_shapes
-from jobs.protocol import shapes
 from jobs.protocol.embeddings import EmbeddingsBody
 from jobs.protocol.endpoints import CHAT
+from jobs.protocol.objects.inference import (
+    ChatChoice,
+    ChatCompletion,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionUsage,
+    EmbeddingsResponse,
+    TopLogprob,
+)
 from jobs.protocol.responses_request import ResponsesBody
 from jobs.protocol.tool_calls import rewrite_completion
 from jobs.protocol.tool_use import Tools
@@ -25,16 +36,16 @@ from jobs.protocol.validation import parse_model
 
 
 def embeddings_body(req: EmbeddingsBody, vectors: list[np.ndarray], tokens: int) -> dict[str, Any]:
-    data = []
-    for i, v in enumerate(vectors):
+    out: list[Any] = []
+    for v in vectors:
         if req.dimensions is not None and req.dimensions < len(v):
             v = v[: req.dimensions]
             v = v / max(float(np.linalg.norm(v)), 1e-12)
         v = np.asarray(v, dtype="<f4")
-        emb: Any = base64.b64encode(v.tobytes()).decode() if req.encoding_format == "base64" else v
-        data.append({"object": "embedding", "index": i, "embedding": emb})
-    return {"object": "list", "data": data, "model": req.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        out.append(base64.b64encode(v.tobytes()).decode() if req.encoding_format == "base64"
+                   else v)
+    # float32 arrays stay arrays: orjson writes them (OPT_SERIALIZE_NUMPY) as float32
+    return EmbeddingsResponse.of(req.model, out, tokens).model_dump(warnings=False)
 
 
 def failure(e: BaseException) -> tuple[int, dict[str, Any]]:
@@ -111,19 +122,29 @@ def top_count(endpoint: str, body: dict[str, Any]) -> int | None:
 
 
 def logprobs_object(endpoint: str, tokens: list[TokenLogprob] | None, top: int | None
-                    ) -> dict[str, Any] | None:
-    """A choice's (or a chunk's) ``logprobs`` in the endpoint's shape: chat's
-    ``{content: [{token, logprob, bytes, top_logprobs}], refusal}``, completions'
-    ``{tokens, token_logprobs, top_logprobs, text_offset}`` (``top_logprobs`` null when
-    ``logprobs`` is 0; else each position's most likely tokens and the sampled one)."""
+                    ) -> ChatLogprobs | CompletionLogprobs | None:
+    """A choice's (or a chunk's) ``logprobs`` in the endpoint's shape (None: not asked
+    for)."""
+    return (chat_logprobs if endpoint == CHAT else completion_logprobs)(tokens, top)
+
+
+def chat_logprobs(tokens: list[TokenLogprob] | None, top: int | None) -> ChatLogprobs | None:
+    """Chat's ``{content: [{token, logprob, bytes, top_logprobs}], refusal}``."""
     if tokens is None or top is None:
         return None
-    if endpoint == CHAT:
-        return {"content": [
-            {"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
-             "top_logprobs": [{"token": s, "logprob": lp, "bytes": b}
-                              for s, b, lp in (t.top or [])]} for t in tokens],
-            "refusal": None}
+    return ChatLogprobs(content=[ChatTokenLogprob(
+        token=t.token, logprob=t.logprob, bytes=t.bytes,
+        top_logprobs=[TopLogprob(token=s, logprob=lp, bytes=b) for s, b, lp in t.top or []])
+        for t in tokens])
+
+
+def completion_logprobs(tokens: list[TokenLogprob] | None, top: int | None
+                        ) -> CompletionLogprobs | None:
+    """Completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``
+    (``top_logprobs`` null when ``logprobs`` is 0; else each position's most likely
+    tokens and the sampled one)."""
+    if tokens is None or top is None:
+        return None
     tops: list[dict[str, float] | None] | None = None
     if top > 0:
         tops = []
@@ -134,21 +155,27 @@ def logprobs_object(endpoint: str, tokens: list[TokenLogprob] | None, top: int |
             d = {s: lp for s, _, lp in t.top}
             d.setdefault(t.token, t.logprob)
             tops.append(d)
-    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": tops, "text_offset": [t.offset for t in tokens]}
+    return CompletionLogprobs(tokens=[t.token for t in tokens],
+                              token_logprobs=[t.logprob for t in tokens], top_logprobs=tops,
+                              text_offset=[t.offset for t in tokens])
+
+
+def _chat_choices(choices: list[Choice], top: int | None) -> list[ChatChoice]:
+    return [ChatChoice.of(c.index, c.text, c.reason, chat_logprobs(c.tokens, top))
+            for c in choices]
+
+
+def _completion_choices(choices: list[Choice], top: int | None) -> list[CompletionChoice]:
+    return [CompletionChoice.of(c.index, c.text, c.reason, completion_logprobs(c.tokens, top))
+            for c in choices]
 
 
 def generation_choices(endpoint: str, choices: list[Choice], top: int | None
                        ) -> list[dict[str, Any]]:
     """The ``choices`` of a chat.completion or text_completion."""
-    out = []
-    for c in choices:
-        content: dict[str, Any] = ({"message": {"role": "assistant", "content": c.text,
-                                                "refusal": None}}
-                                   if endpoint == CHAT else {"text": c.text})
-        out.append({"index": c.index, **content, "finish_reason": c.reason,
-                    "logprobs": logprobs_object(endpoint, c.tokens, top)})
-    return out
+    if endpoint == CHAT:
+        return [c.body() for c in _chat_choices(choices, top)]
+    return [c.body() for c in _completion_choices(choices, top)]
 
 
 def generation_body(endpoint: str, model: str, choices: list[Choice], top: int | None,
@@ -158,10 +185,11 @@ def generation_body(endpoint: str, model: str, choices: list[Choice], top: int |
     probabilities when asked for; usage counts the prompt once and every choice's
     tokens (all ``best_of`` sequences'); ``tools``: a chat request's, whose calls are
     read back from each choice's text."""
-    build = shapes.chat_completion if endpoint == CHAT else shapes.text_completion
-    body = build(model, choices[0].text, choices[0].reason, prompt_tokens, completion_tokens)
-    body["choices"] = generation_choices(endpoint, choices, top)
-    return rewrite_completion(body, tools)
+    use = CompletionUsage.of(prompt_tokens, completion_tokens)
+    if endpoint == CHAT:
+        chat = ChatCompletion.of(model, _chat_choices(choices, top), use)
+        return rewrite_completion(chat, tools).body()
+    return Completion.of(model, _completion_choices(choices, top), use).body()
 
 
 def chunk_choice(endpoint: str, index: int, text: str, tokens: list[TokenLogprob] | None,
@@ -170,7 +198,8 @@ def chunk_choice(endpoint: str, index: int, text: str, tokens: list[TokenLogprob
     """One choice of a streamed chunk: a text delta with the log probabilities of its
     tokens, or (``finish``) the choice's last chunk; ``role``: the choice's first chunk
     (chat: its delta names the role)."""
-    lp = logprobs_object(endpoint, tokens, top)
+    logprobs = logprobs_object(endpoint, tokens, top)
+    lp = logprobs.body() if logprobs is not None else None
     if endpoint != CHAT:
         return {"index": index, "text": text, "finish_reason": finish, "logprobs": lp}
     delta: dict[str, Any] = {"role": "assistant"} if role else {}
