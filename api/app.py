@@ -66,12 +66,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["inferq_metrics"].register(scaling.collector(app.extensions["inferq"]))
 
     v1 = (files, uploads, batches, inference, jobs, models, webhooks)
-    authenticated = {mod.bp.name for mod in v1}
     # The Admin API (OpenAI's /v1/organization/...): admin keys only, never project keys.
     organization = (admin, usage, fleet)
-    administered = {mod.bp.name for mod in organization}
-    # The dashboard: a project key (its own batches) or an admin key (every project's).
-    viewed = {dashboard.bp.name}
 
     @app.before_request
     def bound_body() -> None:
@@ -107,13 +103,18 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.before_request
     def authenticate() -> None:
-        if request.blueprint not in authenticated | administered | viewed:
+        """Who may call a route is its blueprint's ``access`` (api/routes/contract.py):
+        a project key, an admin key, either (the dashboard: a project key sees its own
+        batches, an admin key every project's), or anyone."""
+        bp = app.blueprints.get(request.blueprint or "")
+        access = getattr(bp, "access", "public")
+        if access == "public":
             return
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else None
-        if request.blueprint in administered:
+        if access == "admin":
             g.admin_key_id = auth.authenticate_admin(context(), key)
-        elif request.blueprint in viewed:
+        elif access == "viewer":
             g.viewer = dashboard_viewer(context(), key)
             g.tenant_id = g.viewer.project_id
         else:

@@ -58,4 +58,5 @@ def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
         idempotency.finish(ctx, tenant, key, resp.status_code, resp.get_data())
         return resp
 
+    wrapper.idempotent = True  # type: ignore[attr-defined]  # /openapi.json says so
     return wrapper

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.current import context
 from api.request_parsing import ID, json_body, page_params
-from api.routes.contract import Blueprint
+from api.routes.contract import PAGE, Blueprint, one_of, parameter
 from jobs.batches import locations
 from jobs.core.errors import InvalidRequest, NotFound, shown
 from jobs.protocol.objects.admin import (
@@ -32,7 +32,7 @@ from jobs.protocol.objects.common import Deleted, Page
 from jobs.protocol.validation import INT64, parse_model
 from jobs.tenants import projects as tenants
 
-bp = Blueprint("admin", __name__)
+bp = Blueprint("admin", __name__, access="admin")
 
 PATH_IDS = {"project_id": "project", "service_account_id": "service account",
             "api_key_id": "API key", "rate_limit_id": "rate limit",
@@ -147,13 +147,14 @@ def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
 # Projects -----------------------------------------------------------------------------------
 
 
-@bp.post("/projects")
+@bp.post("/projects", body=ProjectCreate, errors={409})
 def create_project() -> Project:
     req: ProjectCreate = _body(ProjectCreate)
     return Project.of(tenants.create_project(context(), req.name, req.weight))
 
 
-@bp.get("/projects")
+@bp.get("/projects", params=(*PAGE, parameter("include_archived", "query",
+                                                      {"type": "boolean"})))
 def list_projects() -> Page[Project]:
     after, limit = page_params()
     rows, more = tenants.list_projects(context(), after, limit, _flag("include_archived"))
@@ -165,13 +166,13 @@ def retrieve_project(project_id: str) -> Project:
     return Project.of(tenants.get_project(context(), project_id))
 
 
-@bp.post("/projects/<project_id>")
+@bp.post("/projects/<project_id>", body=ProjectUpdate, optional_body=True, errors={409})
 def update_project(project_id: str) -> Project:
     req: ProjectUpdate = _body(ProjectUpdate, optional=True)
     return Project.of(tenants.update_project(context(), project_id, req.name, req.weight))
 
 
-@bp.post("/projects/<project_id>/archive")
+@bp.post("/projects/<project_id>/archive", errors={409})
 def archive_project(project_id: str) -> Project:
     return Project.of(tenants.archive_project(context(), project_id))
 
@@ -179,7 +180,7 @@ def archive_project(project_id: str) -> Project:
 # Service accounts and keys -------------------------------------------------------------------
 
 
-@bp.post("/projects/<project_id>/service_accounts")
+@bp.post("/projects/<project_id>/service_accounts", body=ServiceAccountCreate, errors={409})
 def create_service_account(project_id: str) -> ServiceAccountCreated:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: ServiceAccountCreate = _body(ServiceAccountCreate)
@@ -189,7 +190,7 @@ def create_service_account(project_id: str) -> ServiceAccountCreated:
     return ServiceAccountCreated.of(sa, None if key is None else NewKey.of(key))
 
 
-@bp.get("/projects/<project_id>/service_accounts")
+@bp.get("/projects/<project_id>/service_accounts", params=PAGE)
 def list_service_accounts(project_id: str) -> Page[ServiceAccount]:
     after, limit = page_params()
     rows, more = tenants.list_service_accounts(context(), project_id, after, limit)
@@ -209,14 +210,16 @@ def delete_service_account(project_id: str, service_account_id: str) -> Deleted:
                    object="organization.project.service_account.deleted", deleted=True)
 
 
-@bp.post("/projects/<project_id>/service_accounts/<service_account_id>/api_keys")
+@bp.post("/projects/<project_id>/service_accounts/<service_account_id>/api_keys",
+         body=KeyCreate, optional_body=True, errors={409})
 def create_key(project_id: str, service_account_id: str) -> NewKey:
     req: KeyCreate = _body(KeyCreate, optional=True)
     return NewKey.of(tenants.create_key(context(), project_id, service_account_id, req.name,
                                         req.expires_in_seconds))
 
 
-@bp.get("/projects/<project_id>/api_keys")
+@bp.get("/projects/<project_id>/api_keys", params=(*PAGE, parameter(
+    "owner_project_access", "query", one_of(tenants.OWNER_ACCESS, default="any"))))
 def list_keys(project_id: str) -> Page[ApiKey]:
     after, limit = page_params()
     access = _choice("owner_project_access", tenants.OWNER_ACCESS, "any")
@@ -242,7 +245,8 @@ def _limit(v: tenants.LimitView) -> RateLimit:
     return RateLimit.of(v, context().settings.rate_limit_unlimited)
 
 
-@bp.get("/projects/<project_id>/rate_limits")
+@bp.get("/projects/<project_id>/rate_limits", params=(*PAGE, parameter(
+    "before", "query", {"type": "string"})))
 def list_rate_limits(project_id: str) -> Page[RateLimit]:
     after, limit = page_params()
     before = request.args.get("before") or None
@@ -262,7 +266,8 @@ def list_rate_limits(project_id: str) -> Page[RateLimit]:
     return Page[RateLimit].of([_limit(v) for v in views[:limit]], len(views) > limit)
 
 
-@bp.post("/projects/<project_id>/rate_limits/<rate_limit_id>")
+@bp.post("/projects/<project_id>/rate_limits/<rate_limit_id>", body=RateLimitUpdate,
+         errors={409})
 def update_rate_limit(project_id: str, rate_limit_id: str) -> RateLimit:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: RateLimitUpdate = _body(RateLimitUpdate)
@@ -276,14 +281,14 @@ def update_rate_limit(project_id: str, rate_limit_id: str) -> RateLimit:
 # Data locations (inferq extension): where a project's batches read and write in place -----
 
 
-@bp.post("/projects/<project_id>/data_locations")
+@bp.post("/projects/<project_id>/data_locations", body=LocationCreate, errors={409})
 def create_location(project_id: str) -> DataLocation:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: LocationCreate = _body(LocationCreate)
     return DataLocation.of(locations.add(context(), project_id, req.uri, req.access))
 
 
-@bp.get("/projects/<project_id>/data_locations")
+@bp.get("/projects/<project_id>/data_locations", params=PAGE)
 def list_locations(project_id: str) -> Page[DataLocation]:
     return Page[DataLocation].of(
         [DataLocation.of(r) for r in locations.list_(context(), project_id)], False)

@@ -14,7 +14,7 @@ from api import streams
 from api.current import context
 from api.idempotency import idempotent
 from api.request_parsing import json_body, optional_json_body, page_params
-from api.routes.contract import Blueprint
+from api.routes.contract import BINARY, PAGE, SSE, TEXT, Blueprint, one_of, parameter
 from jobs.batches import partial, progress, retry, service
 from jobs.batches.retry import BatchRetry
 from jobs.core.settings import Settings
@@ -23,11 +23,13 @@ from jobs.protocol.objects.batches import BatchObject
 from jobs.protocol.objects.common import Page
 from jobs.protocol.validation import parse_model
 
-bp = Blueprint("batches", __name__)
+bp = Blueprint("batches", __name__, access="project")
 log = logging.getLogger("inferq.api")
+# The headers of a partial output's answer.
+OUTPUT_HEADERS = ("inferq-next-cursor", "inferq-batch-status", "inferq-chunks", "inferq-complete")
 
 
-@bp.post("/batches")
+@bp.post("/batches", body=BatchCreate, errors={403, 404})
 @idempotent
 def create() -> BatchObject:
     req = parse_model(BatchCreate, json_body())
@@ -40,33 +42,41 @@ def retrieve(batch_id: str) -> BatchObject:
     return BatchObject.of(*service.get_batch(context(), g.tenant_id, batch_id))
 
 
-@bp.get("/batches")
+@bp.get("/batches", params=PAGE)
 def list_() -> Page[BatchObject]:
     after, limit = page_params()
     rows, more = service.list_batches(context(), g.tenant_id, after, limit)
     return Page[BatchObject].of([BatchObject.of(b, sums) for b, sums in rows], more)
 
 
-@bp.post("/batches/<batch_id>/cancel")
+@bp.post("/batches/<batch_id>/cancel", errors={409})
 def cancel(batch_id: str) -> BatchObject:
     service.cancel_batch(context(), g.tenant_id, batch_id)
     return BatchObject.of(*service.get_batch(context(), g.tenant_id, batch_id))
 
 
-@bp.get("/batches/<batch_id>/output")
+@bp.get("/batches/<batch_id>/output", media={"application/jsonl": TEXT}, params=(
+    parameter("partial", "query", one_of(["true"]), True,
+              "the lines committed so far (the final output is output_file_id's)"),
+    parameter("after", "query", TEXT,
+              description="the inferq-next-cursor header of the previous answer"),
+    parameter("kind", "query", one_of(partial.KINDS, default="output"))),
+    headers=OUTPUT_HEADERS)
 def output(batch_id: str) -> Response:
     """The output lines of the chunks committed since the cursor ``after`` while the
     batch runs (docs/API.md, Partial results); the next cursor is a response header."""
     a = request.args
     out = partial.partial_output(context(), g.tenant_id, batch_id, a.get("partial"),
                                  a.get("after") or None, a.get("kind"))
-    return Response(stream_with_context(out.blocks), mimetype="application/jsonl", headers={
-        "inferq-next-cursor": out.next_cursor, "inferq-batch-status": str(out.batch.status),
-        "inferq-chunks": str(out.chunks), "inferq-complete": "true" if out.complete else "false",
-        "Cache-Control": "no-store"})
+    values = (out.next_cursor, str(out.batch.status), str(out.chunks),
+              "true" if out.complete else "false")
+    return Response(stream_with_context(out.blocks), mimetype="application/jsonl",
+                    headers={**dict(zip(OUTPUT_HEADERS, values, strict=True)),
+                             "Cache-Control": "no-store"})
 
 
-@bp.post("/batches/<batch_id>/retry")
+@bp.post("/batches/<batch_id>/retry", body=BatchRetry, optional_body=True,
+         errors={409})
 @idempotent
 def retry_(batch_id: str) -> BatchObject:
     """A child batch of the batch's failed requests (docs/API.md, Reruns)."""
@@ -75,7 +85,8 @@ def retry_(batch_id: str) -> BatchObject:
     return BatchObject.of(b)
 
 
-@bp.get("/batches/<batch_id>/merged_output")
+@bp.get("/batches/<batch_id>/merged_output", errors={409}, media={
+    "application/jsonl": TEXT, "application/octet-stream": BINARY})
 def merged_output(batch_id: str) -> Response:
     """Each request of the batch once, with its latest result (its reruns' included)."""
     fmt, blocks = retry.merged_output(context(), g.tenant_id, batch_id)
@@ -84,7 +95,10 @@ def merged_output(batch_id: str) -> Response:
         headers={"Cache-Control": "no-store"})
 
 
-@bp.get("/batches/<batch_id>/events")
+@bp.get("/batches/<batch_id>/events", media={"text/event-stream": SSE}, answers={
+    204: "the batch has ended and the client saw its last event"}, params=(
+    parameter("Last-Event-ID", "header", TEXT,
+              description="the id of the last event seen: resume after it"),))
 def events(batch_id: str) -> Response:
     """The batch's status changes and counts as Server-Sent Events, until its terminal
     status (docs/API.md). A bad Last-Event-ID and another project's id are plain JSON

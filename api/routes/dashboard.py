@@ -14,7 +14,7 @@ from api.routes.contract import Blueprint
 from jobs.core.schema import Shard
 from jobs.slo import dashboard, stats
 
-bp = Blueprint("dashboard", __name__)
+bp = Blueprint("dashboard", __name__, access="viewer")
 
 
 @bp.get("/dashboard/overview")

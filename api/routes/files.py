@@ -10,19 +10,19 @@ from pydantic import ValidationError
 from api.current import context
 from api.idempotency import idempotent
 from api.request_parsing import page_params, query_text
-from api.routes.contract import Blueprint
+from api.routes.contract import BINARY, PAGE, TEXT, Blueprint, parameter
 from jobs.batches import service
 from jobs.core.errors import InvalidRequest
 from jobs.protocol.batch import MAX_FILE_EXPIRY_S, MIN_FILE_EXPIRY_S, ExpiresAfter
 from jobs.protocol.objects.common import Deleted, Page
-from jobs.protocol.objects.files import FileObject
+from jobs.protocol.objects.files import FileObject, FileUpload
 from storage.objects import CHUNK
 
-bp = Blueprint("files", __name__)
+bp = Blueprint("files", __name__, access="project")
 UPLOADS = {"files.create"}  # the endpoints whose bodies may be as large as an upload
 
 
-@bp.post("/files")
+@bp.post("/files", upload=FileUpload)
 @idempotent
 def create() -> FileObject:
     upload = request.files.get("file")
@@ -60,7 +60,8 @@ def expires_after(form: Any) -> int | None:
     return given.seconds
 
 
-@bp.get("/files")
+@bp.get("/files", params=(*PAGE, parameter("purpose", "query", {"type": "string",
+                                                                  "maxLength": 64})))
 def list_() -> Page[FileObject]:
     after, limit = page_params()
     files, more = service.list_files(context(), g.tenant_id, after, limit,
@@ -73,7 +74,8 @@ def retrieve(file_id: str) -> FileObject:
     return FileObject.of(service.get_file(context(), g.tenant_id, file_id))
 
 
-@bp.get("/files/<file_id>/content")
+@bp.get("/files/<file_id>/content", media={"application/jsonl": TEXT,
+                                          "application/octet-stream": BINARY})
 def content(file_id: str) -> Response:
     f, stream = service.open_file_content(context(), g.tenant_id, file_id)
 
@@ -87,7 +89,7 @@ def content(file_id: str) -> Response:
                     headers={"content-length": str(f.bytes)})
 
 
-@bp.delete("/files/<file_id>")
+@bp.delete("/files/<file_id>", errors={409})
 def delete(file_id: str) -> Deleted:
     service.delete_file(context(), g.tenant_id, file_id)
     return Deleted(id=file_id, object="file", deleted=True)

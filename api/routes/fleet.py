@@ -19,7 +19,7 @@ from jobs.protocol.objects.common import Deleted
 from jobs.protocol.objects.fleet import Rollout, RolloutList
 from jobs.protocol.validation import parse_model
 
-bp = Blueprint("fleet", __name__)
+bp = Blueprint("fleet", __name__, access="admin")
 
 
 @bp.before_request
@@ -74,7 +74,7 @@ class ModelAdd(BaseModel):
     matryoshka: bool = False
 
 
-@bp.post("/models")
+@bp.post("/models", body=ModelAdd, errors={409})
 def add() -> Rollout:
     """Publish a version; the name's rollout (its versions) as the routes below answer."""
     ctx = context()
@@ -84,7 +84,7 @@ def add() -> Rollout:
     return rollout.status(ctx, body.name)
 
 
-@bp.delete("/models/<name>/versions/<version>")
+@bp.delete("/models/<name>/versions/<version>", errors={409})
 def remove(name: str, version: str) -> Deleted:
     """Retire a version nothing is pinned to (409 ``model_version_in_use`` otherwise)."""
     retire.remove(context(), name, version)
@@ -103,7 +103,7 @@ def get(name: str) -> Rollout:
     return rollout.status(context(), name)
 
 
-@bp.post("/models/<name>/rollout")
+@bp.post("/models/<name>/rollout", body=RolloutStep)
 def step(name: str) -> Rollout:
     ctx = context()
     rollout.status(ctx, name)  # 404 first for a name that does not exist
@@ -113,7 +113,7 @@ def step(name: str) -> Rollout:
                           rollback=body.action == "rollback")
 
 
-@bp.post("/models/<name>/versions/<version>/pool")
+@bp.post("/models/<name>/versions/<version>/pool", body=PoolBody)
 def pool(name: str, version: str) -> Rollout:
     ctx = context()
     rollout.status(ctx, name)

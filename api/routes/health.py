@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from api import metrics as api_metrics
 from api.current import context
-from api.routes.contract import Blueprint
+from api.routes.contract import TEXT, Blueprint, names, parameter
 from jobs.core.errors import InvalidRequest, shown
 from jobs.core.lanes import MODEL_LANES
 from jobs.fleet.heartbeats import live_workers
@@ -49,14 +49,17 @@ def readiness(need: tuple[str, ...] = ()) -> tuple[Health, int]:
     return Health(status="ok" if ok else "unavailable", checks=checks), 200 if ok else 503
 
 
-@bp.get("/healthz")
+@bp.get("/healthz", backend=False)
 def healthz() -> Liveness:
     """Liveness: the process serves. No backend is asked, so a liveness probe never
     restarts an API that waits for its database, Redis or workers (/readyz says so)."""
     return Liveness()
 
 
-@bp.get("/readyz")
+@bp.get("/readyz", answers={
+    503: "not ready: a backend, or a worker of a lane asked for, is missing"}, params=(parameter(
+    "lane", "query", names(type="string", enum=list(MODEL_LANES)),
+    description="lanes that must have a live worker"),))
 def readyz() -> tuple[Health, int]:
     """Readiness (``readiness``); ``?lane=realtime`` (repeatable, or comma-separated)
     also needs a live worker on each lane named."""
@@ -68,7 +71,8 @@ def readyz() -> tuple[Health, int]:
     return readiness(need)
 
 
-@bp.get("/metrics")
+@bp.get("/metrics", media={"text/plain": TEXT}, errors={401, 403},
+        security=("metrics", "admin"))
 def metrics() -> Response:
     """Prometheus text format: the API's series (api/metrics.py), for the metrics token
     or an admin key only."""

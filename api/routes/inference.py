@@ -16,6 +16,7 @@ from api.routes.contract import Blueprint
 from jobs.core.errors import InferqError
 from jobs.core.status import StreamEvent
 from jobs.fleet import catalog
+from jobs.protocol.embeddings import EmbeddingsBody
 from jobs.protocol.endpoints import CHAT, COMPLETIONS
 from jobs.protocol.generation import ChatBody, CompletionBody
 from jobs.protocol.objects.inference import (
@@ -24,6 +25,8 @@ from jobs.protocol.objects.inference import (
     Completion,
     CompletionChoice,
     CompletionUsage,
+    EmbeddingsResponse,
+    ResponseObject,
 )
 from jobs.protocol.parsing import parse_embeddings, parse_generation, parse_responses
 from jobs.protocol.responses import EventWriter, response_body
@@ -35,10 +38,14 @@ from jobs.realtime import serve
 from jobs.realtime.client import error_from_event
 from jobs.tenants import token_counts
 
-bp = Blueprint("inference", __name__)
+bp = Blueprint("inference", __name__, access="project")
+BUSY = {413, 429, 504}  # too many tokens, over a limit, no answer in time
+VERSION_HEADER = "inferq-model-version"
+QUEUE_HEADER = "inferq-queue-ms"  # how long the request waited for a model worker's engine
 
 
-@bp.post("/embeddings")
+@bp.post("/embeddings", body=EmbeddingsBody, ok=EmbeddingsResponse, errors=BUSY,
+         headers=(VERSION_HEADER, QUEUE_HEADER))
 def embeddings() -> Response:
     ctx = context()
     req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
@@ -55,21 +62,19 @@ def caller() -> serve.Caller:
     return serve.Caller(g.tenant_id, g.api_key_id)
 
 
-VERSION_HEADER = "inferq-model-version"
-QUEUE_HEADER = "inferq-queue-ms"  # how long the request waited for a model worker's engine
-
-
 def version_header(version: str | None) -> dict[str, str]:
     """The version of the model that answered (a canary's, or the default's)."""
     return {VERSION_HEADER: version} if version else {}
 
 
-@bp.post("/chat/completions")
+@bp.post("/chat/completions", body=ChatBody, ok=ChatCompletion, stream=True, errors=BUSY,
+         headers=(VERSION_HEADER,))
 def chat_completions() -> Any:
     return _generate(CHAT)
 
 
-@bp.post("/completions")
+@bp.post("/completions", body=CompletionBody, ok=Completion, stream=True, errors=BUSY,
+         headers=(VERSION_HEADER,))
 def completions() -> Any:
     return _generate(COMPLETIONS)
 
@@ -178,7 +183,8 @@ def _event(obj: dict[str, Any]) -> bytes:
 # /v1/responses: the Responses API, run as a chat request ---------------------------------
 
 
-@bp.post("/responses")
+@bp.post("/responses", body=ResponsesBody, ok=ResponseObject, stream=True, errors=BUSY,
+         headers=(VERSION_HEADER,))
 def responses() -> Any:
     """Create a model response (the Responses API).
 

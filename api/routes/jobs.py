@@ -15,10 +15,10 @@ from jobs.protocol.validation import parse_model
 from jobs.tenants import token_counts
 from jobs.webhooks import endpoints
 
-bp = Blueprint("jobs", __name__)
+bp = Blueprint("jobs", __name__, access="project")
 
 
-@bp.post("/jobs")
+@bp.post("/jobs", body=asyncjobs.JobCreate, errors={429})
 @idempotent
 def create() -> tuple[JobObject, int]:
     req: asyncjobs.JobCreate = parse_model(asyncjobs.JobCreate, json_body())

@@ -10,7 +10,7 @@ from jobs.core.schema import Model
 from jobs.fleet import placement, registry
 from jobs.protocol.objects.fleet import ModelList, ModelObject
 
-bp = Blueprint("models", __name__)
+bp = Blueprint("models", __name__, access="project")
 
 
 @bp.get("/models")

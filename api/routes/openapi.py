@@ -1,12 +1,13 @@
 """/openapi.json and /docs: an OpenAPI 3.1 description of every route the app serves,
-built from its URL map, the pydantic models that validate request bodies and the ones
-that describe responses (api/schemas/), so it cannot drift from any of them; /docs
-is the same description as an HTML page. What the URL map cannot tell of a view
-is api/routes/openapi_views.py.
+built from its URL map, each route's contract (api/routes/contract.py: its body,
+parameters, errors, media and who may call it), the pydantic models that validate
+request bodies and the response models its views return (jobs/protocol/objects/), so
+it cannot drift from any of them; /docs is the same description as an HTML page.
 
-A route this module knows nothing about (one added later) still gets a valid
-operation: its path parameters, a success answer and the error shape as ``default``.
-A view whose return annotation is a pydantic model gets that model as its 200 schema.
+A view whose return annotation is a response model (or a ``(model, status)`` tuple) gets
+that model as its 200 schema. A route that says nothing of its answer (neither a model
+nor media) still gets a valid operation: its path parameters, a success answer and the
+error shape as ``default``.
 """
 
 from __future__ import annotations
@@ -22,27 +23,13 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from werkzeug.routing import Rule
 
-from api.routes.contract import Blueprint
-from api.routes.openapi_views import (
-    ADMINISTERED,
-    AUTHENTICATED,
-    BODIES,
-    ERRORS,
-    HEADERS,
-    IDEMPOTENCY_KEY,
-    IDEMPOTENT,
-    MEDIA,
-    NO_BACKEND,
-    OK,
-    OPTIONAL_BODIES,
-    PARAMS,
-    SSE,
-    STREAMS,
-    TEXT,
-    UPLOADS,
-    parameter,
-)
+from api.routes.contract import SSE, TEXT, Blueprint, Contract, contract, parameter
 from jobs.protocol.objects.common import Error
+
+IDEMPOTENCY_KEY = parameter("Idempotency-Key", "header",
+                            {"type": "string", "minLength": 1, "maxLength": 255},
+                            description="a retry with the same key replays the first answer")
+SECURITY = {"project": ("bearer",), "viewer": ("bearer",), "admin": ("admin",), "public": ()}
 
 bp = Blueprint("openapi", __name__,
                template_folder=str(Path(__file__).resolve().parent.parent / "templates"))
@@ -71,6 +58,8 @@ def _annotated(view: Any) -> type[BaseModel] | None:
         ret = typing.get_type_hints(view).get("return")
     except Exception:  # noqa: BLE001 - an annotation that does not resolve says nothing
         return None
+    if typing.get_origin(ret) is tuple:  # (model, status[, headers])
+        ret = typing.get_args(ret)[0]
     return ret if inspect.isclass(ret) and issubclass(ret, BaseModel) else None
 
 
@@ -84,67 +73,71 @@ def _summary(endpoint: str, view: Any) -> tuple[str, str | None]:
     return (f"{bp_name}: {words}" if bp_name else words), None
 
 
-def _errors(endpoint: str, rule: Rule, params: list[dict[str, Any]]) -> set[int]:
+def _errors(access: str, doc: Contract, rule: Rule, params: list[dict[str, Any]]) -> set[int]:
     """The error statuses the view can answer with: its own, those of the checks every
     view of its blueprint passes (keys), its path ids, parameters and body."""
-    codes = set(ERRORS.get(endpoint, ()))
-    bp_name = endpoint.split(".")[0]
-    if bp_name in AUTHENTICATED:
+    codes = set(doc.errors)
+    if access in ("project", "viewer"):
         codes.add(401)
-    if bp_name in ADMINISTERED:
+    if access == "admin":
         codes |= {401, 403}
     if rule.arguments:
         codes.add(404)
-    if any(p["in"] != "path" for p in params) or endpoint in BODIES or endpoint in UPLOADS:
+    bodied = doc.body is not None or doc.upload is not None
+    if bodied or any(p["in"] != "path" for p in params):
         codes.add(400)  # a bad path id is a 404
-    if endpoint in BODIES or endpoint in UPLOADS:
+    if bodied:
         codes.add(413)
-    if endpoint in IDEMPOTENT:
+    if _idempotent(rule):
         codes.add(409)
-    if endpoint not in NO_BACKEND:
+    if doc.backend:
         codes.add(503)
     return codes
 
 
-def _responses(endpoint: str, rule: Rule, view: Any,
+def _responses(access: str, doc: Contract, rule: Rule, view: Any,
                params: list[dict[str, Any]]) -> tuple[dict[str, Any], set[type[BaseModel]]]:
     used: set[type[BaseModel]] = set()
     ok: dict[str, Any] = {"description": STATUS_TEXT[200]}
-    model = OK.get(endpoint) or _annotated(view)
+    model = doc.ok or _annotated(view)
     if model is not None:
         used.add(model)
         ok["content"] = _json(_name(model))
-        if endpoint in STREAMS:
+        if doc.stream:
             ok["content"]["text/event-stream"] = {"schema": SSE}
             ok["description"] = "the answer; with stream: true, its chunks as Server-Sent Events"
-    elif endpoint in MEDIA:
-        ok["content"] = {t: {"schema": sch} for t, sch in MEDIA[endpoint].items()}
-    elif endpoint == "static" or endpoint.endswith(".static"):
+    elif doc.media:
+        ok["content"] = {t: {"schema": sch} for t, sch in doc.media.items()}
+    elif rule.endpoint == "static" or rule.endpoint.endswith(".static"):
         ok["content"] = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
-    if endpoint in HEADERS:
-        ok["headers"] = {h: {"schema": TEXT} for h in HEADERS[endpoint]}
+    if doc.headers:
+        ok["headers"] = {h: {"schema": TEXT} for h in doc.headers}
     out: dict[str, Any] = {"200": ok}
-    if endpoint == "batches.events":
-        out["204"] = {"description": "the batch has ended and the client saw its last event"}
-    if endpoint not in OK and endpoint not in MEDIA:  # not described here: any error status
+    if model is None and not doc.media:  # the answer is not described: any error status
         out["default"] = {"description": "an error", "content": _json("Error")}
         return out, used
-    for code in sorted(_errors(endpoint, rule, params)):
+    for code in sorted(_errors(access, doc, rule, params)):
         resp: dict[str, Any] = {"description": STATUS_TEXT[code], "content": _json("Error")}
         if code in (429, 503):
             resp["headers"] = {"retry-after": {"schema": {"type": "string"},
                                                "description": "seconds to wait"}}
-        if code == 503 and endpoint == "health.readyz":
-            resp = {"description": "not ready: a backend, or a worker of a lane asked for, "
-                                   "is missing",
-                    "content": _json("Health")}
         out[str(code)] = resp
+    for code, what in doc.answers.items():  # other answers: with the model, or empty
+        out[str(code)] = ({"description": what, "content": _json(_name(model))}
+                          if model is not None else {"description": what})
     return out, used
+
+
+def _idempotent(rule: Rule) -> bool:
+    return bool(getattr(current_app.view_functions.get(rule.endpoint), "idempotent", False))
 
 
 def _operation(rule: Rule, method: str) -> tuple[dict[str, Any], set[type[BaseModel]]]:
     endpoint = rule.endpoint
     view = current_app.view_functions.get(endpoint)
+    doc = contract(view) or Contract()
+    blueprint = current_app.blueprints.get(endpoint.rpartition(".")[0])
+    access = getattr(blueprint, "access", "public")
     summary, description = _summary(endpoint, view)
     op: dict[str, Any] = {"operationId": endpoint, "summary": summary,
                           "tags": [endpoint.split(".")[0]]}
@@ -152,31 +145,25 @@ def _operation(rule: Rule, method: str) -> tuple[dict[str, Any], set[type[BaseMo
         op["description"] = description
     params = [parameter(a, "path", {"type": "string", "minLength": 1}, True)
               for a in _ARG.findall(rule.rule)]  # in the path's order
-    params += PARAMS.get(endpoint, [])
-    if endpoint in IDEMPOTENT:
+    params += doc.params
+    if _idempotent(rule):
         params.append(IDEMPOTENCY_KEY)
     if params:
         op["parameters"] = params
     used: set[type[BaseModel]] = set()
-    if endpoint in BODIES:
-        body = BODIES[endpoint]
-        used.add(body)
-        op["requestBody"] = {"required": endpoint not in OPTIONAL_BODIES,
-                             "content": _json(_name(body))}
-    elif endpoint in UPLOADS:
-        used.add(UPLOADS[endpoint])
+    if doc.body is not None:
+        used.add(doc.body)
+        op["requestBody"] = {"required": not doc.optional_body,
+                             "content": _json(_name(doc.body))}
+    elif doc.upload is not None:
+        used.add(doc.upload)
         op["requestBody"] = {"required": True, "content": {"multipart/form-data": {
-            "schema": {"$ref": REF.format(model=_name(UPLOADS[endpoint]))}}}}
-    op["responses"], models = _responses(endpoint, rule, view, params)
+            "schema": {"$ref": REF.format(model=_name(doc.upload))}}}}
+    op["responses"], models = _responses(access, doc, rule, view, params)
     used |= models
-    bp_name = endpoint.split(".")[0]
-    if bp_name in ADMINISTERED:
-        op["security"] = [{"admin": []}]
-    elif endpoint == "health.metrics":
-        op["security"] = [{"metrics": []}, {"admin": []}]
-    elif bp_name in AUTHENTICATED or (bp_name not in ("health", "openapi", "static")
-                                      and rule.rule.startswith("/v1/")):
-        op["security"] = [{"bearer": []}]
+    security = doc.security if doc.security is not None else SECURITY[access]
+    if security:
+        op["security"] = [{name: []} for name in security]
     return op, used
 
 
@@ -213,13 +200,13 @@ def spec() -> dict[str, Any]:
                                            "(INFERQ_METRICS_TOKEN) of GET /metrics"}}}}
 
 
-@bp.get("/openapi.json")
+@bp.get("/openapi.json", backend=False, media={"application/json": {"type": "object"}})
 def openapi() -> Any:
     """This description, as OpenAPI 3.1 JSON."""
     return spec()
 
 
-@bp.get("/docs")
+@bp.get("/docs", backend=False, media={"text/html": TEXT})
 def docs() -> Any:
     """This description as an HTML page: every operation, its parameters, body and
     answers."""

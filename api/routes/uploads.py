@@ -11,15 +11,15 @@ from api.request_parsing import json_body
 from api.routes.contract import Blueprint
 from jobs.batches import uploads
 from jobs.core.errors import InvalidRequest, shown
-from jobs.protocol.objects.files import UploadObject, UploadPartObject
+from jobs.protocol.objects.files import PartUpload, UploadObject, UploadPartObject
 from jobs.protocol.validation import parse_model
 
-bp = Blueprint("uploads", __name__)
+bp = Blueprint("uploads", __name__, access="project")
 PARTS = {"uploads.add_part"}  # the endpoints whose bodies are a part (and its form)
 FORM_SLACK = 64 * 1024  # a part's body: its bytes, plus this much of multipart framing
 
 
-@bp.post("/uploads")
+@bp.post("/uploads", body=uploads.UploadCreate)
 @idempotent
 def create() -> UploadObject:
     """Create an upload: a file of a declared size, sent in parts."""
@@ -28,7 +28,7 @@ def create() -> UploadObject:
     return UploadObject.of(up, uploads.status_of(up))
 
 
-@bp.post("/uploads/<upload_id>/parts")
+@bp.post("/uploads/<upload_id>/parts", upload=PartUpload)
 @idempotent
 def add_part(upload_id: str) -> UploadPartObject:
     """Add a part: the multipart field ``data``, stored as it is (its order is given at
@@ -48,7 +48,7 @@ def add_part(upload_id: str) -> UploadPartObject:
     return UploadPartObject.of(part)
 
 
-@bp.post("/uploads/<upload_id>/complete")
+@bp.post("/uploads/<upload_id>/complete", body=uploads.UploadComplete)
 def complete(upload_id: str) -> UploadObject:
     """Complete the upload: its parts, in the order of ``part_ids``, become a File."""
     ctx = context()
@@ -58,7 +58,7 @@ def complete(upload_id: str) -> UploadObject:
     return UploadObject.of(up, uploads.status_of(up), f)
 
 
-@bp.post("/uploads/<upload_id>/cancel")
+@bp.post("/uploads/<upload_id>/cancel", errors={400})
 def cancel(upload_id: str) -> UploadObject:
     """Cancel the upload: no part may be added, and those added are deleted."""
     up = uploads.cancel(context(), g.tenant_id, upload_id)

@@ -10,7 +10,7 @@ from flask import g, request
 
 from api.current import context
 from api.request_parsing import ID, json_body, optional_json_body, page_params
-from api.routes.contract import Blueprint
+from api.routes.contract import PAGE, Blueprint
 from jobs.core.errors import InvalidRequest, NotFound, shown
 from jobs.protocol.objects.common import Deleted, Page
 from jobs.protocol.objects.webhooks import (
@@ -28,7 +28,7 @@ from jobs.webhooks import endpoints
 from jobs.webhooks import events as webhooks
 from jobs.webhooks.signing import secret_hint
 
-bp = Blueprint("webhooks", __name__)
+bp = Blueprint("webhooks", __name__, access="project")
 
 PATH_IDS = {"webhook_endpoint_id": "webhook endpoint", "delivery_id": "delivery"}
 
@@ -41,14 +41,14 @@ def _check_path_ids() -> None:
             raise NotFound(f"No such {PATH_IDS[name]}: {shown(value)}", param=name)
 
 
-@bp.post("/webhook_endpoints")
+@bp.post("/webhook_endpoints", body=endpoints.EndpointCreate)
 def create() -> WebhookEndpointWithSecret:
     req = parse_model(endpoints.EndpointCreate, json_body())
     e = endpoints.create_endpoint(context(), g.tenant_id, req)
     return WebhookEndpointWithSecret.of(e, secret_hint(e.secret))
 
 
-@bp.get("/webhook_endpoints")
+@bp.get("/webhook_endpoints", params=PAGE)
 def list_() -> Page[WebhookEndpoint]:
     after, limit = page_params()
     rows, more = endpoints.list_endpoints(context(), g.tenant_id, after, limit)
@@ -62,7 +62,8 @@ def retrieve(webhook_endpoint_id: str) -> WebhookEndpoint:
     return WebhookEndpoint.of(e, secret_hint(e.secret))
 
 
-@bp.post("/webhook_endpoints/<webhook_endpoint_id>")
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>", body=endpoints.EndpointUpdate,
+         optional_body=True)
 def update(webhook_endpoint_id: str) -> WebhookEndpoint:
     req = parse_model(endpoints.EndpointUpdate, optional_json_body())
     e = endpoints.update_endpoint(context(), g.tenant_id, webhook_endpoint_id, req)
@@ -75,7 +76,8 @@ def delete(webhook_endpoint_id: str) -> Deleted:
     return Deleted(id=webhook_endpoint_id, object="webhook_endpoint.deleted", deleted=True)
 
 
-@bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret")
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>/rotate_secret", body=endpoints.RotateSecret,
+         optional_body=True)
 def rotate_secret(webhook_endpoint_id: str) -> WebhookEndpointWithSecret:
     req = parse_model(endpoints.RotateSecret, optional_json_body())
     e = endpoints.rotate_secret(context(), g.tenant_id, webhook_endpoint_id,
@@ -83,7 +85,7 @@ def rotate_secret(webhook_endpoint_id: str) -> WebhookEndpointWithSecret:
     return WebhookEndpointWithSecret.of(e, secret_hint(e.secret))
 
 
-@bp.post("/webhook_endpoints/<webhook_endpoint_id>/test")
+@bp.post("/webhook_endpoints/<webhook_endpoint_id>/test", body=endpoints.TestSend)
 def test(webhook_endpoint_id: str) -> WebhookTestResult:
     """A result (``success: true``) only for a test that delivered, by the rule of every
     delivery (a 2xx answer); any other answer is a 400 ``webhook_test_failed`` saying
@@ -107,7 +109,7 @@ def event_types() -> EventTypeList:
     return EventTypeList(data=list(webhooks.EVENT_TYPES))
 
 
-@bp.get("/webhook_endpoints/<webhook_endpoint_id>/deliveries")
+@bp.get("/webhook_endpoints/<webhook_endpoint_id>/deliveries", params=PAGE)
 def deliveries(webhook_endpoint_id: str) -> Page[Delivery]:
     after, limit = page_params()
     rows, more = endpoints.list_deliveries(context(), g.tenant_id, webhook_endpoint_id, after,
@@ -121,13 +123,13 @@ def resend(webhook_endpoint_id: str, delivery_id: str) -> Delivery:
         *endpoints.resend(context(), g.tenant_id, webhook_endpoint_id, delivery_id))
 
 
-@bp.get("/webhook_callback_secret")
+@bp.get("/webhook_callback_secret", errors={404})
 def callback_secret() -> CallbackSecret:
     row = endpoints.get_callback_secret(context(), g.tenant_id)
     return CallbackSecret.of(row, secret_hint(row.secret))
 
 
-@bp.post("/webhook_callback_secret")
+@bp.post("/webhook_callback_secret", body=endpoints.RotateSecret, optional_body=True)
 def rotate_callback_secret() -> CallbackSecretWithSecret:
     req = parse_model(endpoints.RotateSecret, optional_json_body())
     row = endpoints.rotate_callback_secret(context(), g.tenant_id,

@@ -7,7 +7,7 @@ Server-Sent Events (jobs.protocol.shapes, jobs.protocol.responses)."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 
 from pydantic import Field
 
@@ -113,28 +113,6 @@ class ChatChoice(Out):
                    finish_reason=finish_reason, logprobs=logprobs)
 
 
-class ChatCompletion(Out):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: CompletionUsage
-    system_fingerprint: None = None
-
-    @classmethod
-    def of(cls, model: str, choices: list[ChatChoice], usage: CompletionUsage) -> Self:
-        return cls(id=new_id("chatcmpl-"), created=int(time.time()), model=model,
-                   choices=choices, usage=usage)
-
-    @classmethod
-    def of_text(cls, model: str, text: str, finish_reason: str, prompt_tokens: int,
-                completion_tokens: int) -> Self:
-        """An answer of one choice."""
-        return cls.of(model, [ChatChoice.of(0, text, finish_reason)],
-                      CompletionUsage.of(prompt_tokens, completion_tokens))
-
-
 class CompletionChoice(Out):
     index: int
     text: str
@@ -147,26 +125,45 @@ class CompletionChoice(Out):
         return cls(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
 
 
-class Completion(Out):
+C = TypeVar("C", ChatChoice, CompletionChoice)
+
+
+class _Answer(Out, Generic[C]):
+    """A chat completion or a completion: its choices and usage."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[C]
     usage: CompletionUsage
     system_fingerprint: None = None
+    _id_prefix: ClassVar[str]
+    _choice: ClassVar[type[ChatChoice] | type[CompletionChoice]]
 
     @classmethod
-    def of(cls, model: str, choices: list[CompletionChoice], usage: CompletionUsage) -> Self:
-        return cls(id=new_id("cmpl-"), created=int(time.time()), model=model,
-                   choices=choices, usage=usage)
+    def of(cls, model: str, choices: list[C], usage: CompletionUsage) -> Self:
+        return cls(id=new_id(cls._id_prefix), created=int(time.time()),  # type: ignore[call-arg]
+                   model=model, choices=choices, usage=usage)  # (object: each kind's constant)
 
     @classmethod
     def of_text(cls, model: str, text: str, finish_reason: str, prompt_tokens: int,
                 completion_tokens: int) -> Self:
         """An answer of one choice."""
-        return cls.of(model, [CompletionChoice.of(0, text, finish_reason)],
+        return cls.of(model, [cls._choice.of(0, text, finish_reason)],  # type: ignore[list-item]
                       CompletionUsage.of(prompt_tokens, completion_tokens))
+
+
+class ChatCompletion(_Answer[ChatChoice]):
+    object: Literal["chat.completion"] = "chat.completion"
+    _id_prefix = "chatcmpl-"
+    _choice = ChatChoice
+
+
+class Completion(_Answer[CompletionChoice]):
+    object: Literal["text_completion"] = "text_completion"
+    _id_prefix = "cmpl-"
+    _choice = CompletionChoice
 
 
 class ResponseInputTokens(Out):
