@@ -42,6 +42,7 @@ from jobs.core.schema import File, new_id, now
 from jobs.core.status import UploadStatus
 from jobs.core.upload_tables import Upload, UploadPart
 from jobs.protocol.batch import ExpiresAfter
+from jobs.protocol.validation import one_of
 from storage import keys
 from storage.objects import MAX_PARTS, MIN_PART, PartsGone, PartsInPlace
 from storage.parquet import is_parquet
@@ -70,15 +71,9 @@ class UploadCreate(BaseModel):
     mime_type: str = Field(min_length=1, max_length=128, description=(
         "one of " + ", ".join(MIME_TYPES) + " (parameters such as '; charset=utf-8' "
         "are ignored)"))
-    purpose: str = Field(max_length=64, json_schema_extra={"enum": list(UPLOAD_PURPOSES)})
+    purpose: Annotated[str, one_of("purpose", UPLOAD_PURPOSES)] = Field(
+        max_length=64, json_schema_extra={"enum": list(UPLOAD_PURPOSES)})
     expires_after: ExpiresAfter | None = None
-
-    @field_validator("purpose")
-    @classmethod
-    def _purpose(cls, v: str) -> str:
-        if v not in UPLOAD_PURPOSES:
-            raise ValueError(f"purpose must be one of: {', '.join(UPLOAD_PURPOSES)}")
-        return v
 
     @field_validator("mime_type")
     @classmethod

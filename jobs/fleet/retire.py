@@ -92,25 +92,27 @@ def _refuse_if_in_use(s: Any, m: Model) -> None:
     if sharing and m.object_prefix == keys.model_prefix(m.name, m.version):
         raise Conflict(f"{ref}'s files are served by {m.name}@{sharing[0]} (derived from it): "
                        "remove that first", param="version", code=IN_USE)
-    # A batch takes its version when validated; one validating has none yet, and takes
-    # the default then (which the checks above keep unless it is the name's last).
-    pinned = or_(Batch.model_version == m.version,
-                 Batch.model_version.is_(None)) if m.is_default else (
-        Batch.model_version == m.version)
     batches = s.scalar(select(func.count()).select_from(Batch).where(
-        Batch.model == m.name, pinned, Batch.status.not_in([str(t) for t in TERMINAL])))
+        Batch.model == m.name, _taking(Batch.model_version, m),
+        Batch.status.not_in([str(t) for t in TERMINAL])))
     if batches:
         raise Conflict(f"{ref}: {batches} batch(es) pinned to it have not ended: wait for them, "
                        "or cancel them", param="version", code=IN_USE)
-    routed = or_(Job.model_version == m.version,
-                 Job.model_version.is_(None)) if m.is_default else (
-        Job.model_version == m.version)
     jobs = s.scalar(select(func.count()).select_from(Job).where(
-        Job.body["model"].astext == m.name, routed,
+        Job.body["model"].astext == m.name, _taking(Job.model_version, m),
         Job.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])))
     if jobs:
         raise Conflict(f"{ref}: {jobs} job(s) routed to it are queued or running: wait for "
                        "them", param="version", code=IN_USE)
+
+
+def _taking(version: Any, m: Model) -> Any:
+    """Rows (batches, jobs) that run on the version ``m``: pinned to it, or, for the
+    default, pinned to none yet (a batch takes its version when validated, and one
+    validating takes the default then, which the checks above keep unless it is the
+    name's last)."""
+    pinned = version == m.version
+    return or_(pinned, version.is_(None)) if m.is_default else pinned
 
 
 def _unload(ctx: Context, ref: str) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, ModelNotFound, shown
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry, shadow
-from jobs.protocol.objects.fleet import Rollout, ShadowRow
+from jobs.protocol.objects.fleet import Rollout
 
 TTL_S = 0.5
 
@@ -144,7 +144,7 @@ def status(ctx: Context, name: str) -> Rollout:
         raise ModelNotFound(f"The model {shown(name)} does not exist", param="model")
     return Rollout.of(name, versions, placement.where(ctx.redis),
                       placement.load_counts(ctx.redis),
-                      [ShadowRow(**r) for r in shadow.report(ctx.redis, name)])
+                      shadow.report(ctx.redis, name))
 
 
 def change(ctx: Context, name: str, version: str | None, weight: float | None = None,

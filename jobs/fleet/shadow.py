@@ -7,12 +7,12 @@ kept in Redis. The mirroring itself is the realtime lane's (``jobs.realtime.shad
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import redis
 
 from jobs.core import redis_keys, refs
 from jobs.fleet import registry
+from jobs.protocol.objects.fleet import ShadowRow
 
 log = logging.getLogger("inferq.shadow")
 
@@ -37,7 +37,7 @@ def record(r: redis.Redis, name: str, version: str, role: str, seconds: float,
         p.execute()
 
 
-def report(r: redis.Redis, name: str) -> list[dict[str, Any]]:
+def report(r: redis.Redis, name: str) -> list[ShadowRow]:
     """Per version of ``name`` seen in shadow runs: requests answered as the client's
     (primary) and as a shadow, agreement with the client's answers (mean cosine or
     exact-match share), errors, and latency p50/p99 of recent answers."""
@@ -49,12 +49,12 @@ def report(r: redis.Redis, name: str) -> list[dict[str, Any]]:
     for v in versions:
         lats = sorted(float(x) for x in r.lrange(LATENCIES + refs.model_ref(name, v), 0, -1))
         compared = int(raw.get(f"{v}|compared", 0))
-        out.append({
-            "version": v, "primary": int(raw.get(f"{v}|primary", 0)),
-            "shadow": int(raw.get(f"{v}|shadow", 0)), "errors": int(raw.get(f"{v}|errors", 0)),
-            "compared": compared,
-            "agreement": (float(raw[f"{v}|agreement_sum"]) / compared) if compared else None,
-            "latency_p50_s": _quantile(lats, 0.5), "latency_p99_s": _quantile(lats, 0.99)})
+        out.append(ShadowRow(
+            version=v, primary=int(raw.get(f"{v}|primary", 0)),
+            shadow=int(raw.get(f"{v}|shadow", 0)), errors=int(raw.get(f"{v}|errors", 0)),
+            compared=compared,
+            agreement=(float(raw[f"{v}|agreement_sum"]) / compared) if compared else None,
+            latency_p50_s=_quantile(lats, 0.5), latency_p99_s=_quantile(lats, 0.99)))
     return out
 
 

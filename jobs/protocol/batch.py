@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jobs.protocol.endpoints import ENDPOINTS
 from jobs.protocol.parsing import supported
-from jobs.protocol.validation import Name, check_metadata
+from jobs.protocol.validation import Name, check_metadata, one_of
 
 MIN_FILE_EXPIRY_S, MAX_FILE_EXPIRY_S = 3600, 30 * 86400  # as OpenAI's files
 
@@ -68,7 +68,7 @@ class BatchCreate(BaseModel):
     input_file_id: Name | None = None
     input_dataset: DatasetInput | None = None
     output_dataset: DatasetOutput | None = None
-    endpoint: Name
+    endpoint: Annotated[Name, one_of("endpoint", ENDPOINTS)]
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None
     service_tier: Literal["default", "flex", "auto"] = "default"
@@ -79,13 +79,6 @@ class BatchCreate(BaseModel):
     callback_url: str | None = Field(default=None, max_length=2048)
     # Its output and error files expire this long after they are made.
     output_expires_after: ExpiresAfter | None = None
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        if v not in ENDPOINTS:
-            raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
-        return v
 
     @field_validator("metadata")
     @classmethod

@@ -11,6 +11,7 @@ batch line and a direct call are judged alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -141,21 +142,23 @@ def _function_choice(choice: Any, prefix: str) -> None:
                              param=at, code=UNSUPPORTED)
 
 
-def _unsupported_tool(kind: str, at: str) -> InvalidRequest:
-    return InvalidRequest(f"{at}: unsupported parameter: tools of type {shown(kind, 64)} "
-                          "are not supported: inferq takes function tools only (type "
-                          "'function')", param=at, code=UNSUPPORTED)
-
-
-def _tool(tool: Any, at: str) -> Any:
+def _function_tool(tool: Any, at: str, table: dict[str, Param], keep_null: set[str]) -> Any:
+    """One of ``tools`` judged by ``table`` (chat's or the Responses API's fields); a tool
+    of another type than function refused."""
     if not isinstance(tool, dict):
         return tool  # the model refuses it
     kind = tool.get("type")
     if isinstance(kind, str) and kind != "function":
-        raise _unsupported_tool(kind, f"{at}.type")
-    out = _judged(tool, TOOL_FIELDS, f"{at}.", "a function tool", keep_null={"type",
-                                                                            "function"})
-    if isinstance(out.get("function"), dict):
+        raise InvalidRequest(f"{at}.type: unsupported parameter: tools of type "
+                             f"{shown(kind, 64)} are not supported: inferq takes function "
+                             "tools only (type 'function')", param=f"{at}.type",
+                             code=UNSUPPORTED)
+    return _judged(tool, table, f"{at}.", "a function tool", keep_null=keep_null)
+
+
+def _tool(tool: Any, at: str) -> Any:
+    out = _function_tool(tool, at, TOOL_FIELDS, keep_null={"type", "function"})
+    if isinstance(out, dict) and isinstance(out.get("function"), dict):
         out["function"] = _judged(out["function"], FUNCTION_FIELDS, f"{at}.function.",
                                   "a function", keep_null={"name"})
     return out
@@ -194,10 +197,7 @@ def _message(m: Any, at: str) -> Any:
     if role in REFUSED_ROLES:
         raise InvalidRequest(f"{at}.role: unsupported parameter: {role} messages are not "
                              f"supported: {FUNCTIONS}", param=f"{at}.role", code=UNSUPPORTED)
-    if role not in ROLE_FIELDS:
-        return m  # the model says which roles there are
-    fields = {k: MESSAGE_FIELDS[k] for k in ROLE_FIELDS[role]}
-    out = _judged(m, fields, f"{at}.", f"a {role} message", keep_null={"role", "content"})
+    out = _by_role(m, at, ROLE_FIELDS, MESSAGE_FIELDS, "message", _part)
     for j, call in enumerate(out.get("tool_calls") or []):
         if isinstance(call, dict) and isinstance(call.get("type"), str) and \
                 call["type"] != "function":
@@ -205,21 +205,42 @@ def _message(m: Any, at: str) -> Any:
                                  f"type {shown(call['type'], 64)} are not supported: function "
                                  "calls only", param=f"{at}.tool_calls.{j}.type",
                                  code=UNSUPPORTED)
-    if isinstance(out.get("content"), list):
-        out["content"] = [_part(part, f"{at}.content.{j}")
-                          for j, part in enumerate(out["content"])]
     return out
 
 
-def _part(part: Any, at: str) -> Any:
+def _by_role(m: dict[str, Any], at: str, roles: dict[str, tuple[str, ...]],
+             table: dict[str, Param], what: str, part: Callable[[Any, str], Any]) -> Any:
+    """A message (or message item) judged by its role's fields of ``table``, each of its
+    content parts by ``part``; one of a role not in ``roles`` as it is (the model says
+    which roles there are)."""
+    role = m.get("role")
+    if not isinstance(role, str) or role not in roles:
+        return m
+    fields = {k: table[k] for k in roles[role]}
+    out = _judged(m, fields, f"{at}.", f"a {role} {what}", keep_null={"role", "content"})
+    if isinstance(out.get("content"), list):
+        out["content"] = [part(p, f"{at}.content.{j}") for j, p in enumerate(out["content"])]
+    return out
+
+
+def _text_part(part: Any, at: str, kinds: dict[str, dict[str, Param]],
+               keep_null: set[str]) -> Any:
+    """A content part of one of ``kinds`` (type -> its fields), judged by its fields; one
+    of another type refused (the models read text only)."""
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         return part  # the model refuses it
-    if part["type"] != "text":
+    kind = part["type"]
+    if kind not in kinds:
         raise InvalidRequest(f"{at}.type: unsupported parameter: content parts of type "
-                             f"{shown(part['type'], 64)} are not supported: the models read "
-                             "text only (parts of type 'text')", param=f"{at}.type",
-                             code=UNSUPPORTED)
-    return _judged(part, TEXT_PART_FIELDS, f"{at}.", "a text part", keep_null={"text"})
+                             f"{shown(kind, 64)} are not supported: the models read text "
+                             f"only (parts of type {' or '.join(map(repr, kinds))})",
+                             param=f"{at}.type", code=UNSUPPORTED)
+    return _judged(part, kinds[kind], f"{at}.", f"a part of type {kind}", keep_null=keep_null)
+
+
+def _part(part: Any, at: str) -> Any:
+    """A chat message's content part (TEXT_PART_FIELDS)."""
+    return _text_part(part, at, {"text": TEXT_PART_FIELDS}, keep_null={"text"})
 
 
 def _same(value: Any, noop: Any) -> bool:
@@ -261,13 +282,7 @@ def _responses_supported(body: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def _responses_tool(tool: Any, at: str) -> Any:
-    if not isinstance(tool, dict):
-        return tool  # the model refuses it
-    kind = tool.get("type")
-    if isinstance(kind, str) and kind != "function":
-        raise _unsupported_tool(kind, f"{at}.type")
-    return _judged(tool, RESPONSES_TOOL_FIELDS, f"{at}.", "a function tool",
-                   keep_null={"type", "name"})
+    return _function_tool(tool, at, RESPONSES_TOOL_FIELDS, keep_null={"type", "name"})
 
 
 def _input_item(item: Any, at: str) -> Any:
@@ -288,26 +303,13 @@ def _input_item(item: Any, at: str) -> Any:
                              "function_call and function_call_output items (reasoning, item "
                              "references and other tools' calls are not implemented)",
                              param=f"{at}.type", code=UNSUPPORTED)
-    role = item.get("role")
-    if role not in ITEM_ROLE_FIELDS:
-        return item  # the model says which roles there are
-    fields = {k: INPUT_ITEM_FIELDS[k] for k in ITEM_ROLE_FIELDS[role]}
-    out = _judged(item, fields, f"{at}.", f"a {role} message item",
-                  keep_null={"role", "content"})
-    if isinstance(out.get("content"), list):
-        out["content"] = [_input_part(p, f"{at}.content.{j}")
-                          for j, p in enumerate(out["content"])]
-    return out
+    return _by_role(item, at, ITEM_ROLE_FIELDS, INPUT_ITEM_FIELDS, "message item", _input_part)
 
 
 def _input_part(part: Any, at: str) -> Any:
-    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-        return part  # the model refuses it
-    kind = part["type"]
-    if kind not in PART_TYPE_FIELDS:
-        raise InvalidRequest(f"{at}.type: unsupported parameter: content parts of type "
-                             f"{shown(kind, 64)} are not supported: the models read text "
-                             "only (parts of type 'input_text' or 'output_text')",
-                             param=f"{at}.type", code=UNSUPPORTED)
-    fields = {k: INPUT_PART_FIELDS[k] for k in PART_TYPE_FIELDS[kind]}
-    return _judged(part, fields, f"{at}.", f"an {kind} part", keep_null={"text", "type"})
+    """A Responses input item's content part (PART_TYPE_FIELDS of INPUT_PART_FIELDS)."""
+    return _text_part(part, at, INPUT_PARTS, keep_null={"text", "type"})
+
+
+INPUT_PARTS = {kind: {k: INPUT_PART_FIELDS[k] for k in fields}
+               for kind, fields in PART_TYPE_FIELDS.items()}

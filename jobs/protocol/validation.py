@@ -10,10 +10,11 @@ UTF-8.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 from pydantic_core import ErrorDetails
 
 from jobs.core.errors import InvalidRequest, shown
@@ -98,6 +99,16 @@ def _reported(located: list[tuple[ErrorDetails, list[int | str]]]
     first = located[0][1][:1]
     same = [x for x in located if x[1][:1] == first]
     return max(same, key=lambda x: len(x[1]))  # max keeps the first of the deepest
+
+
+def one_of(name: str, choices: Collection[str]) -> AfterValidator:
+    """A field's check that its value is one of ``choices`` (a ValueError names them)."""
+    def check(v: str) -> str:
+        if v not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}")
+        return v
+
+    return AfterValidator(check)
 
 
 MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

@@ -90,7 +90,7 @@ def test_chat_shadows_are_compared_by_exact_match(ctx: Context) -> None:
     for msg in cand.seen:  # mirrored as sent, billed to nobody, for version 2
         assert msg["body"] == BODY and msg["version"] == "2"
         assert msg["tenant_id"] is None and msg["api_key_id"] is None
-    by = {x["version"]: x for x in shadow.report(ctx.redis, MODEL)}
+    by = {x.version: x.body() for x in shadow.report(ctx.redis, MODEL)}
     assert by["2"]["shadow"] == 3 and by["2"]["errors"] == 1 and by["2"]["compared"] == 2
     assert by["2"]["agreement"] == pytest.approx(0.5)  # one of the two answers matched
     assert by["2"]["latency_p50_s"] is not None and by["2"]["latency_p50_s"] > 0

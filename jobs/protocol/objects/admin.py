@@ -189,15 +189,21 @@ class DataLocation(Out):
                    created_at=row.created_at)
 
 
-class CompletionsUsage(Out):
-    object: Literal["organization.usage.completions.result"] = (
-        "organization.usage.completions.result")
+class _TokenUsage(Out):
+    """A usage bucket's result: the tokens and requests of a group."""
+
+    object: str
     input_tokens: int
     num_model_requests: int
     project_id: str | None
     user_id: None
     api_key_id: str | None
     model: str | None
+
+
+class CompletionsUsage(_TokenUsage):
+    object: Literal["organization.usage.completions.result"] = (
+        "organization.usage.completions.result")
     output_tokens: int
     input_cached_tokens: int
     input_audio_tokens: int
@@ -207,15 +213,9 @@ class CompletionsUsage(Out):
     api_source: str | None
 
 
-class EmbeddingsUsage(Out):
+class EmbeddingsUsage(_TokenUsage):
     object: Literal["organization.usage.embeddings.result"] = (
         "organization.usage.embeddings.result")
-    input_tokens: int
-    num_model_requests: int
-    project_id: str | None
-    user_id: None
-    api_key_id: str | None
-    model: str | None
 
 
 class Amount(Out):
