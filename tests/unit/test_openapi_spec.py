@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import flask
+import pytest
 from flask import Flask
 from openapi_spec_validator import validate
 from pydantic import BaseModel
