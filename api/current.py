@@ -13,12 +13,12 @@ def context() -> Context:
     return ctx
 
 
-def admit(model: str, tokens: int, *, stream: bool = False,
+def charge_limits(model: str, tokens: int, *, stream: bool = False,
           member: str | None = None) -> limits.Grant:
     """Decide this request against its project's limits for ``model`` (429 when over);
     the response, whatever it is, carries the decision's ``x-ratelimit-*`` headers."""
     try:
-        grant = limits.admit(context(), g.tenant_id, model, tokens, stream=stream,
+        grant = limits.charge(context(), g.tenant_id, model, tokens, stream=stream,
                              member=member)
     except limits.RateLimited as e:
         g.ratelimit_headers = e.headers

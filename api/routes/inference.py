@@ -9,7 +9,7 @@ import orjson
 from flask import Response, g, stream_with_context
 
 from api import streams
-from api.current import admit, context
+from api.current import charge_limits, context
 from api.errors import error_body
 from api.request_parsing import json_body
 from api.routes.contract import Blueprint
@@ -49,7 +49,7 @@ QUEUE_HEADER = "inferq-queue-ms"  # how long the request waited for a model work
 def embeddings() -> Response:
     ctx = context()
     req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
-    grant = admit(req.model, token_counts.embedding_tokens(req.inputs()))
+    grant = charge_limits(req.model, token_counts.embedding_tokens(req.inputs()))
     answer, version = serve.embed(ctx, req.model, req.model_dump(exclude_none=True), grant,
                                   caller())
     headers = version_header(version)
@@ -95,7 +95,7 @@ def _generate(endpoint: str) -> Any:
 def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
             give_back: Callable[[], None] | None) -> Any:
     body = req.model_dump(exclude_none=True)
-    grant = admit(req.model, token_counts.request_tokens(
+    grant = charge_limits(req.model, token_counts.request_tokens(
         endpoint, body, ctx.settings.rate_limit_default_max_tokens), stream=req.stream)
     gen = serve.generate(ctx, endpoint, req.model, body, grant, caller())
     if req.stream:
@@ -205,7 +205,7 @@ def responses() -> Any:
 
 def _respond(ctx: Any, req: ResponsesBody, give_back: Callable[[], None] | None) -> Any:
     body = chat_body(req)
-    grant = admit(req.model, token_counts.request_tokens(
+    grant = charge_limits(req.model, token_counts.request_tokens(
         CHAT, body, ctx.settings.rate_limit_default_max_tokens), stream=req.stream)
     gen = serve.generate(ctx, CHAT, req.model, body, grant, caller())
     if req.stream:

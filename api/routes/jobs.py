@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import g
 
-from api.current import admit, context
+from api.current import charge_limits, context
 from api.idempotency import idempotent
 from api.request_parsing import json_body
 from api.routes.contract import Blueprint
@@ -27,7 +27,7 @@ def create() -> tuple[JobObject, int]:
     if req.callback_url is not None:
         endpoints.check_callback(ctx, g.tenant_id, req.callback_url)
     job_id = new_id("job_")  # its reservation is settled by id when the job completes
-    admit(clean["model"], token_counts.request_tokens(
+    charge_limits(clean["model"], token_counts.request_tokens(
         req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
     job = asyncjobs.store(ctx, g.tenant_id, req.endpoint, clean,
                           callback_url=req.callback_url, api_key_id=g.api_key_id,

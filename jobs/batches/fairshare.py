@@ -229,7 +229,7 @@ def dispatch(ctx: Context, lane: str) -> list[str]:
         ids.sort(key=order.__getitem__)
     if ids:
         try:
-            send(ctx, ids)
+            enqueue_shards(ctx, ids)
         except Exception:
             # The broker is unreachable: the janitor's next sweep that reaches it sends
             # these at once (a dispatched, queued shard with updated_at 0).
@@ -270,10 +270,10 @@ def after_validation(ctx: Context, shard_ids: list[str], tier: str) -> None:
     if ctx.settings.fair_dispatch:
         dispatch_quietly(ctx, lane_for(tier))
     else:
-        send(ctx, shard_ids)
+        enqueue_shards(ctx, shard_ids)
 
 
-def send(ctx: Context, shard_ids: list[str]) -> None:
+def enqueue_shards(ctx: Context, shard_ids: list[str]) -> None:
     """Send shards (in the order given) to the queues of their lane and pinned model
     version; a version that no live worker of the lane holds is placed on one first
     (jobs.fleet.placement), its shards waiting on its queue meanwhile. A version that cannot
@@ -317,4 +317,4 @@ def load_failed(ctx: Context, model_ref: str) -> None:
             Batch.model == name, Batch.model_version == version,
             Shard.status == ShardStatus.QUEUED, Shard.dispatched_at.is_not(None))))
     if ids:
-        send(ctx, ids)
+        enqueue_shards(ctx, ids)

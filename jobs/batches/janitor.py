@@ -85,7 +85,7 @@ def sweep(ctx: Context) -> SweepReport:
 
 def _send(ctx: Context, rep: SweepReport) -> None:
     if rep.requeued:
-        fairshare.send(ctx, rep.requeued)
+        fairshare.enqueue_shards(ctx, rep.requeued)
     for batch_id in sorted(rep.validate):
         ctx.dispatcher.validate(batch_id)
     for batch_id in sorted(rep.finalize):

@@ -148,7 +148,7 @@ def choose(beats: Sequence[Heartbeat], model_ref: str, size: int) -> Choice | No
     return best[1] if best else None
 
 
-def send(r: redis.Redis, worker: str, op: str, model_ref: str, reason: str) -> None:
+def command(r: redis.Redis, worker: str, op: str, model_ref: str, reason: str) -> None:
     r.rpush(command_list(worker), orjson.dumps({"op": op, "ref": model_ref,
                                                 "reason": reason}))
 
@@ -188,7 +188,7 @@ def ensure(ctx: Context, model_ref: str, lane: str) -> bool:
         return False
     if not r.set(placing_key(model_ref), choice.worker, nx=True, ex=PLACING_TTL_S):
         return True  # another process placed it meanwhile
-    send(r, choice.worker, "load", model_ref, "placement")
+    command(r, choice.worker, "load", model_ref, "placement")
     log.info("placing %s on %s (evicting %s)", model_ref, choice.worker,
              ", ".join(choice.evict) or "nothing")
     return True
@@ -253,7 +253,7 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
             if choice is None:
                 break
             r.set(pool_key(ref, choice.worker), b"1", ex=PLACING_TTL_S)
-            send(r, choice.worker, "load", ref, "warm_pool")
+            command(r, choice.worker, "load", ref, "warm_pool")
             sent.append(("load", choice.worker, ref))
             candidates = [b for b in candidates if b["name"] != choice.worker]
             missing -= 1
@@ -262,7 +262,7 @@ def reconcile(ctx: Context, now: float | None = None) -> list[tuple[str, str, st
                            for m in (b.get("residency") or {}).get("models", [])
                            if m.get("ref") == ref and t - m.get("last_used", t) > idle_s)
             for _, worker in idle[:len(copies) - minimum]:
-                send(r, worker, "unload", ref, "idle")
+                command(r, worker, "unload", ref, "idle")
                 sent.append(("unload", worker, ref))
     return sent
 

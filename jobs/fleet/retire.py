@@ -123,7 +123,7 @@ def _unload(ctx: Context, ref: str) -> tuple[str, ...]:
     try:
         holders = placement.holders(placement.model_workers(ctx.redis), ref)
         for b in holders:
-            placement.send(ctx.redis, str(b["name"]), "unload", ref, "command")
+            placement.command(ctx.redis, str(b["name"]), "unload", ref, "command")
     except redis.RedisError:
         return ()
     return tuple(sorted(str(b["name"]) for b in holders))

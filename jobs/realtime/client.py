@@ -48,7 +48,7 @@ class Admission(NamedTuple):
     placing: str | None  # the version placed for it (no live worker held it): it waits
 
 
-def admit(r: redis.Redis, model: str, max_queue: int, version: str | None = None,
+def queue_for(r: redis.Redis, model: str, max_queue: int, version: str | None = None,
           place: Placer | None = None) -> Admission:
     """The queue to push a realtime request for ``model`` (routed to ``version``) on:
     that version's. A version no live worker holds is placed first (``place``) and the
@@ -132,7 +132,7 @@ class RealtimeClient:
 
     def answer(self, kind: str, body: dict[str, Any], timeout_s: float) -> Answer:
         """Send one request and wait for the worker's answer."""
-        admitted = admit(self.r, body["model"], self.max_queue, self.version, self.place)
+        admitted = queue_for(self.r, body["model"], self.max_queue, self.version, self.place)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
                "enqueued_at": time.time(), "version": self.version,
@@ -195,7 +195,7 @@ class TokenStream:
 
     def open(self, max_queue: int = 1000) -> dict[str, Any]:
         """Subscribe, enqueue, and return the first event (``start``); errors raise."""
-        admitted = admit(self.r, self.body["model"], max_queue, self.version, self.place)
+        admitted = queue_for(self.r, self.body["model"], max_queue, self.version, self.place)
         try:  # confirmed by the server before the request is sent
             self.sub = pubsub.hub(self.r).subscribe(redis_keys.stream(self.id))
         except TimeoutError:

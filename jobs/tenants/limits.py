@@ -185,7 +185,7 @@ def _warn_open(e: Exception) -> None:
         log.warning("rate limits not enforced, their Redis is unavailable: %s", e)
 
 
-def admit(ctx: Context, tenant_id: str, model: str, tokens: int, *, stream: bool = False,
+def charge(ctx: Context, tenant_id: str, model: str, tokens: int, *, stream: bool = False,
           member: str | None = None) -> Grant:
     """Decide one request (``tokens``: its reservation) against every limit of the
     project for ``model``, in one script. Refused: RateLimited (429) whose headers

@@ -180,7 +180,7 @@ def post(ctx: Context, url: str, body: bytes, headers: dict[str, str]) -> Outcom
     return Outcome(started, int((time.monotonic() - t0) * 1000), res.status, res.error)
 
 
-def send(ctx: Context, c: Claimed) -> Outcome:
+def attempt(ctx: Context, c: Claimed) -> Outcome:
     """One attempt: signed now; never raises for what the receiver or network did."""
     started = time.time()
     t0 = time.monotonic()
@@ -270,7 +270,7 @@ class Deliverer:
             claimed = claim(self.ctx, free)
             self.next_claim = now + wait_s
         for c in claimed:
-            self.inflight[self.pool.submit(send, self.ctx, c)] = c
+            self.inflight[self.pool.submit(attempt, self.ctx, c)] = c
         if self.inflight and wait_s > 0:
             wait(list(self.inflight), timeout=max(0.0, min(wait_s, self.next_claim - now)),
                  return_when=FIRST_COMPLETED)

@@ -419,11 +419,11 @@ def test_a_stream_slot_of_a_dead_api_process_lapses(short_leases: Service) -> No
     stream_lease_s (1.5 s here)."""
     svc = short_leases
     p = svc.project(model=CHAT, max_concurrent_streams=1)
-    limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True)  # never released
+    limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True)  # never released
     with pytest.raises(limits.RateLimited):
-        limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
+        limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
     time.sleep(svc.settings.stream_lease_s + 0.2)
-    g = limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
+    g = limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
     assert g.stream
     limits.release_stream(svc.ctx, g)
 
@@ -431,14 +431,14 @@ def test_a_stream_slot_of_a_dead_api_process_lapses(short_leases: Service) -> No
 def test_a_renewed_stream_lease_outlives_its_first_term(short_leases: Service) -> None:
     svc = short_leases
     p = svc.project(model=CHAT, max_concurrent_streams=1)
-    g = limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
+    g = limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
     for _ in range(4):  # 2 s, more than the 1.5 s lease, renewed as a stream's events come
         time.sleep(0.5)
         limits.renew_stream(svc.ctx, g)
     with pytest.raises(limits.RateLimited):
-        limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
+        limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True)
     limits.release_stream(svc.ctx, g)
-    limits.release_stream(svc.ctx, limits.admit(svc.ctx, p.tenant_id, CHAT, 10, stream=True))
+    limits.release_stream(svc.ctx, limits.charge(svc.ctx, p.tenant_id, CHAT, 10, stream=True))
 
 
 def submit_batch(svc: Service, p: Project, texts: list[str],

@@ -50,7 +50,7 @@ def run_shard(rt: WorkerRuntime, shard_id: str, stop_requested: Callable[[], boo
     lane = lane_for(tier)
     if model_ref and queue == shard_queue(lane, model_ref) \
             and model_ref not in rt.resident():
-        fairshare.send(ctx, [shard_id])
+        fairshare.enqueue_shards(ctx, [shard_id])
         log.info("shard %s: handed back (%s is no longer held here)", shard_id, model_ref)
         metrics.SHARDS.labels(lane, ShardOutcome.HANDED_BACK).inc()
         return ShardOutcome.HANDED_BACK
