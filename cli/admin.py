@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from cli import state
-from cli.client import connect_admin
+from cli.client import api_url_option, connect_admin
 from jobs.core.settings import Settings
 from jobs.tenants import auth
 
@@ -31,8 +31,7 @@ _AGO = re.compile(r"(\d+)([mhd])")
 def with_admin(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--admin-key", envvar="INFERQ_ADMIN_KEY", default=None,
                      help="default: the admin key of the data dir")(f)
-    return click.option("--api-url", envvar="INFERQ_API_URL", default=None,
-                        help="…/v1 base URL (default: the `inferq up` of the data dir)")(f)
+    return api_url_option(f)
 
 
 def _admin(api_url: str | None, admin_key: str | None) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cli.client import connect
+from cli.client import api_url_option, connect
 from cli.datasets import create_batch, dataset_body, is_dataset_uri
 from cli.event_stream import follow_events
 from jobs.core.settings import Settings
@@ -22,8 +22,7 @@ FILE_KEY_SUFFIX = ":file"  # the upload's Idempotency-Key is the batch's plus th
 def with_client(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--api-key", envvar="INFERQ_API_KEY", default=None,
                      help="default: the dev key of the data dir")(f)
-    return click.option("--api-url", envvar="INFERQ_API_URL", default=None,
-                        help="…/v1 base URL (default: the `inferq up` of the data dir)")(f)
+    return api_url_option(f)
 
 
 def api_client(api_url: str | None, api_key: str | None) -> Any:

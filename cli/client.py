@@ -23,6 +23,11 @@ def api_url(settings: Settings, explicit: str | None = None) -> str:
     return f"http://{local_host(settings.api_host)}:{settings.api_port}/v1"
 
 
+# The --api-url option of every command that calls the API.
+api_url_option = click.option("--api-url", envvar="INFERQ_API_URL", default=None,
+                              help="…/v1 base URL (default: the `inferq up` of the data dir)")
+
+
 def local_host(host: str) -> str:
     """Where a client on this machine reaches a server bound to ``host``."""
     return {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)

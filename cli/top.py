@@ -173,8 +173,7 @@ def _live(src: Source, first: dict[str, Any], interval: float) -> None:
 
 
 @click.command()
-@click.option("--api-url", envvar="INFERQ_API_URL", default=None,
-              help="…/v1 base URL (default: the `inferq up` of the data dir)")
+@client.api_url_option
 @click.option("--api-key", envvar="INFERQ_API_KEY", default=None,
               help="a project key: its project's batches (default: the dev key of the "
                    "data dir)")

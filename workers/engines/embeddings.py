@@ -68,6 +68,22 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
 
 
+class SplitCounts(Protocol):
+    oom_splits: int
+    fault_splits: int
+
+
+def count_split(stats: SplitCounts, e: BaseException, rows: int) -> bool:
+    """A pass over ``rows`` raised ``e``: it is run again in halves, or its row fails
+    alone. Counted in ``stats``; whether it ran out of memory."""
+    oom = is_oom(e)
+    if oom:
+        stats.oom_splits += 1
+    elif rows > 1:
+        stats.fault_splits += 1
+    return oom
+
+
 def too_large(tokens: int, e: BaseException) -> MemoryError:
     """The per-request error once a request ran out of memory on its own."""
     return MemoryError(f"this request ({tokens} tokens) does not fit in the accelerator's "
@@ -242,12 +258,8 @@ class EmbeddingEngine:
                faults: list[tuple[_Item, Exception]]) -> int:
         """The pass over ``live`` raised ``e``: run its halves apart; a single row fails
         (out of memory: too large, now; otherwise: in ``faults``). The rows computed."""
-        oom = is_oom(e)
-        if oom:
-            self.stats.oom_splits += 1
+        oom = count_split(self.stats, e, len(live))
         if len(live) > 1:
-            if not oom:
-                self.stats.fault_splits += 1
             half = len(live) // 2
             return (self._forward(prio, live[:half], faults)
                     + self._forward(prio, live[half:], faults))

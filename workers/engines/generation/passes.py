@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from workers.engines.embeddings import is_oom, too_large
+from workers.engines.embeddings import count_split, is_oom, too_large
 from workers.engines.generation.delivery import Delivery
 from workers.engines.generation.rows import RunningRows
 from workers.engines.generation.sequence import Seq
@@ -160,12 +160,8 @@ class Passes(Delivery, RunningRows):
         """The prefill of ``seqs`` raised ``e``: prefill its halves apart. A single
         sequence that raises fails alone (``_fault``); one out of memory waits while
         others hold memory (``deferred``), and fails as too large otherwise."""
-        oom = is_oom(e)
-        if oom:
-            self.stats.oom_splits += 1
+        oom = count_split(self.stats, e, len(seqs))
         if len(seqs) > 1:
-            if not oom:
-                self.stats.fault_splits += 1
             half = len(seqs) // 2
             first = self._prefill(seqs[:half], crowded, deferred)
             return first + self._prefill(seqs[half:], crowded or bool(first), deferred)
