@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,6 +218,20 @@ def inferq(svc: Service, *args: str) -> str:
     return p.stdout.strip()
 
 
+@contextmanager
+def said_by(services: dict[str, Service]) -> Iterator[None]:
+    """A failure (an SDK error says nothing of the server's side) reported with where
+    the test stood and each service's last log lines."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - reported in full below
+        here = [f for f in traceback.extract_tb(e.__traceback__)
+                if f.filename == __file__ and f.name != "said_by"]
+        logs = "\n".join(f"--- {n} ---\n{s.tail()[-2500:]}" for n, s in services.items())
+        pytest.fail(f"{type(e).__name__}: {e} at {here[-1].lineno if here else '?'}: "
+                    f"{here[-1].line if here else ''}\n{logs}", pytrace=False)
+
+
 def test_the_compose_stack_comes_up_and_serves(compose: dict[str, Service]) -> None:
     from openai import OpenAI
 
@@ -234,63 +250,63 @@ def test_the_compose_stack_comes_up_and_serves(compose: dict[str, Service]) -> N
                  "--api-url", base).splitlines()[-1]
     sdk = OpenAI(base_url=base, api_key=key, _strict_response_validation=True,
                  max_retries=0, timeout=300)
+    with said_by(compose):
+        # every lane has its live worker once readiness says so
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urlopen(f"{base[:-3]}/readyz?lane=realtime&lane=batch&lane=flex",
+                             timeout=10):
+                    break
+            except HTTPError as e:
+                ready = e.read().decode()
+            assert time.monotonic() < deadline, ready
+            time.sleep(1)
+        print(f"every lane ready: {time.monotonic() - t0:.1f} s from nothing")
 
-    # every lane has its live worker once readiness says so
-    deadline = time.monotonic() + 300
-    while True:
+        batch = sdk.batches.create(input_file_id=upload(sdk, jsonl(
+            [emb_line(i, f"compose row {i}") for i in range(20)])).id,
+            endpoint="/v1/embeddings", completion_window="24h")
+        flex = sdk.batches.create(input_file_id=upload(sdk, jsonl(
+            [emb_line(i, f"flex row {i}") for i in range(20)])).id,
+            endpoint="/v1/embeddings", completion_window="24h", extra_body={"service_tier": "flex"})
+        stream = sdk.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Say hi"}],
+            max_tokens=5, temperature=0, stream=True)
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(pieces).strip(), pieces
+        job: Any = sdk.post("/jobs", cast_to=object, body={"endpoint": "/v1/embeddings", "body": {
+            "model": "all-MiniLM-L6-v2", "input": "a job"}})
+        deadline = time.monotonic() + 120
+        while job["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.3)
+            job = sdk.get(f"/jobs/{job['id']}", cast_to=object)
+        assert job["status"] == "completed", job
+        for b in (batch, flex):
+            done = wait(sdk, b.id, timeout=300)
+            assert done.status == "completed" and done.request_counts.completed == 20, done
+            assert len(lines(sdk, done.output_file_id)) == 20
+        # the flex batch ran on the spot worker (`inferq worker --spot`: lane flex), the
+        # other on the model worker (shards name their worker as its heartbeat does)
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(api.env["INFERQ_DATABASE_URL"])
         try:
-            with urlopen(f"{base[:-3]}/readyz?lane=realtime&lane=batch&lane=flex",
-                         timeout=10):
-                break
-        except HTTPError as e:
-            ready = e.read().decode()
-        assert time.monotonic() < deadline, ready
-        time.sleep(1)
-    print(f"every lane ready: {time.monotonic() - t0:.1f} s from nothing")
+            with engine.connect() as c:
+                ran = {b: set(c.scalars(text("select worker from shards where batch_id = :b"),
+                                        {"b": b})) for b in (batch.id, flex.id)}
+        finally:
+            engine.dispose()
+        import redis
 
-    batch = sdk.batches.create(input_file_id=upload(sdk, jsonl(
-        [emb_line(i, f"compose row {i}") for i in range(20)])).id,
-        endpoint="/v1/embeddings", completion_window="24h")
-    flex = sdk.batches.create(input_file_id=upload(sdk, jsonl(
-        [emb_line(i, f"flex row {i}") for i in range(20)])).id,
-        endpoint="/v1/embeddings", completion_window="24h", extra_body={"service_tier": "flex"})
-    stream = sdk.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Say hi"}],
-        max_tokens=5, temperature=0, stream=True)
-    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
-    assert "".join(pieces).strip(), pieces
-    job: Any = sdk.post("/jobs", cast_to=object, body={"endpoint": "/v1/embeddings", "body": {
-        "model": "all-MiniLM-L6-v2", "input": "a job"}})
-    deadline = time.monotonic() + 120
-    while job["status"] in ("queued", "running"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.3)
-        job = sdk.get(f"/jobs/{job['id']}", cast_to=object)
-    assert job["status"] == "completed", job
-    for b in (batch, flex):
-        done = wait(sdk, b.id, timeout=300)
-        assert done.status == "completed" and done.request_counts.completed == 20, done
-        assert len(lines(sdk, done.output_file_id)) == 20
-    # the flex batch ran on the spot worker (`inferq worker --spot`: lane flex), the
-    # other on the model worker (shards name their worker as its heartbeat does)
-    from sqlalchemy import create_engine, text
+        from jobs.fleet.heartbeats import current as heartbeats
 
-    engine = create_engine(api.env["INFERQ_DATABASE_URL"])
-    try:
-        with engine.connect() as c:
-            ran = {b: set(c.scalars(text("select worker from shards where batch_id = :b"),
-                                    {"b": b})) for b in (batch.id, flex.id)}
-    finally:
-        engine.dispose()
-    import redis
-
-    from jobs.fleet.heartbeats import current as heartbeats
-
-    r = redis.Redis.from_url(api.env["INFERQ_REDIS_URL"])
-    try:
-        lanes = {b["name"]: set(b["lanes"]) for b in heartbeats(r)}
-    finally:
-        r.close()
-    assert all(lanes[w] == {"flex"} for w in ran[flex.id]), (ran, lanes)
-    assert all("batch" in lanes[w] and "flex" not in lanes[w] for w in ran[batch.id]), (
-        ran, lanes)
+        r = redis.Redis.from_url(api.env["INFERQ_REDIS_URL"])
+        try:
+            lanes = {b["name"]: set(b["lanes"]) for b in heartbeats(r)}
+        finally:
+            r.close()
+        assert all(lanes[w] == {"flex"} for w in ran[flex.id]), (ran, lanes)
+        assert all("batch" in lanes[w] and "flex" not in lanes[w] for w in ran[batch.id]), (
+            ran, lanes)
