@@ -11,7 +11,7 @@ def upload_prefix(upload_id: str) -> str:
 
 
 def upload_part(upload_id: str, part_id: str) -> str:
-    return f"uploads/{upload_id}/{part_id}"
+    return f"{upload_prefix(upload_id)}{part_id}"
 
 
 def upload_target(upload_id: str) -> str:
@@ -27,12 +27,12 @@ def batch_prefix(batch_id: str) -> str:
 
 def batch_shards(batch_id: str) -> str:
     """The prefix of a batch's shards (its requests, as validated)."""
-    return f"batches/{batch_id}/shards/"
+    return f"{batch_prefix(batch_id)}shards/"
 
 
 def batch_parts(batch_id: str) -> str:
     """The prefix of a batch's committed output and error parts."""
-    return f"batches/{batch_id}/parts/"
+    return f"{batch_prefix(batch_id)}parts/"
 
 
 def shard_input(batch_id: str, index: int) -> str:
@@ -40,7 +40,7 @@ def shard_input(batch_id: str, index: int) -> str:
 
 
 def validation_errors(batch_id: str) -> str:
-    return f"batches/{batch_id}/validation-errors.jsonl"
+    return f"{batch_prefix(batch_id)}validation-errors.jsonl"
 
 
 def output_part(batch_id: str, shard_index: int, chunk: int, kind: str,
@@ -49,17 +49,16 @@ def output_part(batch_id: str, shard_index: int, chunk: int, kind: str,
     and that writes its chunk late never overwrites the part another attempt committed
     (the checkpoint records which attempt committed each chunk). ``attempt`` None is
     the layout of parts committed before attempts were recorded: (shard, chunk) only."""
-    if attempt is None:
-        return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.{kind}.jsonl"
-    return f"batches/{batch_id}/parts/{shard_index:06d}/{chunk:06d}.a{attempt:06d}.{kind}.jsonl"
+    tried = "" if attempt is None else f".a{attempt:06d}"
+    return f"{shard_parts_prefix(batch_id, shard_index)}{chunk:06d}{tried}.{kind}.jsonl"
 
 
 def shard_parts_prefix(batch_id: str, shard_index: int) -> str:
-    return f"batches/{batch_id}/parts/{shard_index:06d}/"
+    return f"{batch_parts(batch_id)}{shard_index:06d}/"
 
 
 def batch_output(batch_id: str, kind: str, fmt: str) -> str:
-    return f"batches/{batch_id}/{kind}.{fmt}"
+    return f"{batch_prefix(batch_id)}{kind}.{fmt}"
 
 
 def model_prefix(name: str, version: str) -> str:
