@@ -11,8 +11,9 @@ prints one frame and exits. A failure is one line and exit status 1; Ctrl-C exit
 from __future__ import annotations
 
 import os
+import signal
 import sys
-import time
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -157,19 +158,30 @@ class Source:
 
 def _live(src: Source, first: dict[str, Any], interval: float) -> None:
     """Redraw every ``interval`` until Ctrl-C; an API that stops answering is shown on
-    the last frame and tried again."""
+    the last frame and tried again. Ctrl-C also leaves a mark the loop reads: the
+    KeyboardInterrupt it raises is dropped by Python where it lands in a finalizer
+    (the garbage collector closing a response), and the view must end all the same."""
     import openai
 
+    interrupted = threading.Event()
+
+    def on_ctrl_c(signum: int, frame_: Any) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
     last = first
-    with Live(frame(first, src.url), auto_refresh=False, screen=True,
-              redirect_stderr=False) as live:
-        while True:
-            time.sleep(interval)
-            try:
-                last, note = src.read(), None
-            except openai.APIConnectionError:
-                note = "the API does not answer; retrying"
-            live.update(frame(last, src.url, note), refresh=True)
+    try:
+        with Live(frame(first, src.url), auto_refresh=False, screen=True,
+                  redirect_stderr=False) as live:
+            while not interrupted.wait(interval):
+                try:
+                    last, note = src.read(), None
+                except openai.APIConnectionError:
+                    note = "the API does not answer; retrying"
+                live.update(frame(last, src.url, note), refresh=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.command()

@@ -177,7 +177,8 @@ def test_live_view_redraws_and_ctrl_c_exits_cleanly(api: Api) -> None:
             except OSError:
                 pass
         else:
-            raise AssertionError("inferq top did not exit on Ctrl-C")
+            raise AssertionError("inferq top did not exit on Ctrl-C; the screen read:\n"
+                                 + ANSI.sub("", "".join(seen))[-3000:])
     finally:
         if status is None:  # still running: a failed test leaves no process behind
             os.kill(pid, signal.SIGKILL)
