@@ -12,7 +12,6 @@ when the micro-batch computed nothing.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 from jobs.core.errors import InvalidRequest
 from jobs.tenants.usage import split
 from workers.engines.batching import BatchPolicy
+from workers.engines.scheduling import Scheduled
 
 REALTIME, JOBS, BATCH, FLEX = 0, 1, 2, 3
 PRIORITY_BY_TIER = {"default": BATCH, "flex": FLEX}
@@ -101,26 +101,23 @@ def blame(what: str, e: Exception, witnessed: bool) -> Exception:
                           code="uncomputable_input")
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(Scheduled):
     def __init__(self, model: Model, policy: BatchPolicy,
                  on_batch: Any = None, on_pass: Any = None) -> None:
+        super().__init__()
         self.model = model
         self.policy = policy
         self.on_batch = on_batch  # callback(rows, real, computed, seconds) for metrics
         self.on_pass = on_pass  # callback(ok: bool) after each forward pass (circuit breaker)
         self.stats = EngineStats()
         self._pending: dict[int, list[_Item]] = {}
-        self._cond = threading.Condition()
-        self._seq = itertools.count()
-        self._stop = False
         self._running: int | None = None  # the priority of the pass running, if one is
         self._held = 0  # callers gathering the rows of one pass (``gathering``)
-        self._thread = threading.Thread(target=self._loop, name="inferq-engine", daemon=True)
-        self._thread.start()
+        self._start_loop(self._loop, "inferq-engine")
 
     def submit(self, token_lists: list[list[int]], priority: int) -> list[RowFuture]:
         """Queue rows; each future resolves to that row's vector (or its exception)."""
-        items = [_Item(next(self._seq), t, RowFuture()) for t in token_lists]
+        items = [_Item(next(self._order), t, RowFuture()) for t in token_lists]
         with self._cond:
             self._pending.setdefault(priority, []).extend(items)
             self._cond.notify()
@@ -159,11 +156,8 @@ class EmbeddingEngine:
                 self._held -= 1
                 self._cond.notify()
 
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=10)
+    def _has_work(self) -> bool:
+        return not self._held and any(self._pending.values())
 
     def _next_batch(self) -> tuple[int, list[_Item]] | None:
         """Called by the engine loop each step, under the lock."""
@@ -181,9 +175,7 @@ class EmbeddingEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and (self._held or not any(self._pending.values())):
-                    self._cond.wait()
-                if self._stop:
+                if not self._await_work():
                     self._fail_pending(RuntimeError("the engine stopped"))
                     return
                 nxt = self._next_batch()

@@ -40,7 +40,6 @@ from __future__ import annotations
 import codecs
 import gc
 import heapq
-import itertools
 import logging
 import os
 import threading
@@ -51,9 +50,10 @@ from typing import Any
 
 from jobs.core.errors import InvalidRequest
 from jobs.tenants.usage import split
-from workers.engines.fanout import Branch, sequences
+from workers.engines.fanout import Branch
 from workers.engines.request import GenRequest
 from workers.engines.responses import TokenLogprob
+from workers.engines.scheduling import PriorityQueued
 from workers.engines.sinks import FinishReason, Sink
 from workers.engines.stats import GenStats
 from workers.engines.token_texts import TokenTexts
@@ -72,13 +72,14 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions: 5)
 
 
-class VllmEngine:
+class VllmEngine(PriorityQueued[VllmRequest]):
     """The generation engine interface (``submit``, ``load``, ``stop``, ``stats``,
     ``model``, ``max_rows``) over vLLM. Built (weights loaded, key/value cache
     allocated) by its own thread; the constructor returns once it is ready, or raises
     what stopped it."""
 
     name = "vllm"
+    stop_s = 30.0  # the loop shuts vLLM's engine core down as it ends
 
     def __init__(self, model: ChatTokens, path: Path, precision: str = "fp32",
                  max_batch_rows: int = 32, max_rows: int = 64, kv_cache_bytes: int = 1 << 30,
@@ -87,6 +88,7 @@ class VllmEngine:
         if precision not in DTYPES:
             raise ValueError(f"the vllm engine serves {', '.join(DTYPES)} weights, not "
                              f"{precision} (the transformers engine serves {precision})")
+        super().__init__()
         self.model = model
         self.max_batch_rows, self.max_rows = max_batch_rows, max_rows
         self.on_step = on_step
@@ -100,25 +102,16 @@ class VllmEngine:
             # the process's global RNGs are seeded with it: not a fixed one
             "seed": int.from_bytes(os.urandom(4), "little"), "enforce_eager": enforce_eager}
         self._texts = TokenTexts(model.tokenizer)
-        self._cond = threading.Condition()
-        self._waiting: list[tuple[int, int, VllmRequest]] = []
         self._live: dict[str, VllmRequest] = {}
-        self._order = itertools.count()
-        self._stop = False
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._llm: Any = None
-        self._thread = threading.Thread(target=self._run, name="inferq-vllm", daemon=True)
-        self._thread.start()
+        self._start_loop(self._run, "inferq-vllm")
         self._ready.wait()
         if self._error is not None:
             raise self._error
 
     # The interface -------------------------------------------------------------------------
-    def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
-        """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
-        self._enqueue(*sequences(req, sink, lambda s, seed: self._new(req, s, priority, seed)))
-
     def load(self) -> tuple[int, int]:
         """(running, waiting) sequences."""
         with self._cond:
@@ -129,12 +122,6 @@ class VllmEngine:
         with self._cond:
             return not self._live and not self._waiting and bool(
                 self._llm.reset_prefix_cache())
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=30)
 
     # Building ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -175,12 +162,6 @@ class VllmEngine:
         return VllmRequest(f"r{order}", req, sink, priority, order, seed,
                     decoder=codecs.getincrementaldecoder("utf-8")("replace"))
 
-    def _enqueue(self, *reqs: VllmRequest) -> None:
-        with self._cond:
-            for r in reqs:
-                heapq.heappush(self._waiting, (r.priority, r.order, r))
-            self._cond.notify()
-
     # The loop ------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -193,9 +174,7 @@ class VllmEngine:
         self._ready.set()
         while True:
             with self._cond:
-                while not self._stop and not self._waiting and not self._live:
-                    self._cond.wait()
-                if self._stop:
+                if not self._await_work():
                     break
                 admitted = self._admit()
             for r in admitted:
@@ -204,6 +183,9 @@ class VllmEngine:
             if self._live:
                 self._step()
         self._close()
+
+    def _has_work(self) -> bool:
+        return bool(self._waiting or self._live)
 
     def _admit(self) -> list[VllmRequest]:
         """Called under the lock: the waiting requests vLLM takes now, in priority order

@@ -16,10 +16,8 @@ running batch's cache rows, ``rows``'s. A request of several choices runs as
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 
@@ -27,7 +25,6 @@ import torch
 
 from jobs.tenants.usage import split
 from workers.engines.embeddings import blame
-from workers.engines.fanout import sequences
 from workers.engines.generation.grammars import Grammars
 from workers.engines.generation.passes import Passes
 from workers.engines.generation.sequence import Seq
@@ -43,12 +40,14 @@ log = logging.getLogger("inferq.generation")
 
 class GenerationEngine(Passes):
     name = "transformers"
+
     def __init__(self, model: ChatModel, max_batch_rows: int = 32, max_rows: int = 64,
                  max_prefill_tokens: int = 4096,
                  on_step: Callable[[int, float], None] | None = None,
                  prefix_cache: PrefixCache | None = None,
                  batch_prefill_tokens: int | None = None, realtime_quiet_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self.model = model
         self.max_batch_rows = max_batch_rows  # rows for jobs/batch/flex work
         self.max_rows = max_rows  # hard cap, realtime included
@@ -66,7 +65,6 @@ class GenerationEngine(Passes):
         self.cache = prefix_cache
         self.on_step = on_step
         self.stats = GenStats()
-        self._waiting: list[tuple[int, int, Seq]] = []
         # The rows of the running batch's cache, in order. A finished sequence stays in
         # its row as a hole until a joining sequence takes the row over in place or the
         # holes are many enough to compact (``_reap``): moving a long batch's cache
@@ -78,24 +76,18 @@ class GenerationEngine(Passes):
         self._finishing: list[tuple[Seq, FinishReason]] = []  # told at the step's end
         self._faults: list[tuple[Seq, Exception]] = []  # failed alone; told at its end
         self._computed = False  # a forward pass of this step computed some rows
-        self._cond = threading.Condition()
-        self._seq = itertools.count()
-        self._stop = False
         self._rushed = False  # the last step was a realtime prefill alone
         self._texts: TokenTexts | None = None  # token texts for log probabilities
         self.grammars = Grammars(model)
-        self._thread = threading.Thread(target=self._loop, name="inferq-generate", daemon=True)
-        self._thread.start()
+        self._start_loop(self._loop, "inferq-generate")
 
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
-        """Queue ``req``; a request that fans out (``req.fans()``) needs a ChoiceSink."""
         if priority == 0:
             self._realtime_at = self._clock()
-        # together: admitted in one step where they fit
-        self._enqueue(*sequences(req, sink, lambda s, seed: self._new(req, s, priority, seed)))
+        super().submit(req, sink, priority)
 
     def _new(self, req: GenRequest, sink: Sink, priority: int, seed: int | None) -> Seq:
-        s = Seq(req, sink, priority, next(self._seq), pos=len(req.prompt))
+        s = Seq(req, sink, priority, next(self._order), pos=len(req.prompt))
         if seed is not None:
             s.gen = torch.Generator().manual_seed(seed)
         if req.constraint is not None:
@@ -107,19 +99,11 @@ class GenerationEngine(Passes):
         with self._cond:
             return len(self._live()), len(self._waiting)
 
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=10)
-
     # The loop --------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._waiting and not self._running:
-                    self._cond.wait()
-                if self._stop:
+                if not self._await_work():
                     break
                 admitted = self._admit()
             try:
@@ -134,6 +118,9 @@ class GenerationEngine(Passes):
         err = RuntimeError("the engine stopped")
         for s in self._live() + [w[2] for w in self._waiting]:
             s.sink.fail(err)
+
+    def _has_work(self) -> bool:
+        return bool(self._waiting or self._running)
 
     def prefill_budget(self) -> int:
         """Prompt tokens the next step may compute: the small budget while realtime

@@ -5,29 +5,19 @@ holes are many enough to compact the cache."""
 
 from __future__ import annotations
 
-import heapq
-import threading
-
 from workers.engines.generation.sequence import Seq
+from workers.engines.scheduling import PriorityQueued
 from workers.engines.stats import GenStats
 from workers.models.chat import KV
 
 
-class RunningRows:
-    """The waiting queue and the running rows of ``GenerationEngine``, which sets up
-    their state."""
+class RunningRows(PriorityQueued[Seq]):
+    """The waiting queue (``PriorityQueued``'s) and the running rows of
+    ``GenerationEngine``, which sets up their state."""
 
     stats: GenStats
-    _cond: threading.Condition
-    _waiting: list[tuple[int, int, Seq]]
     _running: list[Seq]
     _kv: KV | None
-
-    def _enqueue(self, *seqs: Seq) -> None:
-        with self._cond:
-            for s in seqs:
-                heapq.heappush(self._waiting, (s.priority, s.order, s))
-            self._cond.notify()
 
     def _abandon(self, s: Seq) -> None:
         """``s`` is dropped because its caller went away: a sink that bills abandoned
