@@ -4,7 +4,7 @@ of ``tool_choice`` against the tools (shared with the Responses body)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -61,6 +61,26 @@ class Message(BaseModel):
                 raise ValueError("only text content parts are supported")
             return "".join(p["text"] for p in v)
         return v
+
+
+class ToolUse(BaseModel):
+    """``parallel_tool_calls``, and ``tool_choice`` checked against the ``tools`` and
+    the structured output asked for (``constraint``): chat's body and the Responses
+    API's, each declaring its own ``tools`` and ``tool_choice``."""
+
+    model_config = BODY
+
+    tools: list[FunctionTool] | list[ResponsesFunctionTool] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+    def constraint(self) -> ResponseFormat | None:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _tool_choice(self) -> Self:
+        tools_checked(self.tools, self.tool_choice, self.constraint())
+        return self
 
 
 class Sampling(BaseModel):
@@ -121,7 +141,7 @@ class Sampling(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatBody(Sampling):
+class ChatBody(Sampling, ToolUse):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, lt=2**31)
     logprobs: bool = False
@@ -129,12 +149,9 @@ class ChatBody(Sampling):
     response_format: ResponseFormat | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
 
-    @model_validator(mode="after")
-    def _tool_choice(self) -> ChatBody:
-        tools_checked(self.tools, self.tool_choice, self.response_format)
-        return self
+    def constraint(self) -> ResponseFormat | None:
+        return self.response_format
 
     def uses_tools(self) -> bool:
         """Tools or tool messages: the model's chat template must render them."""

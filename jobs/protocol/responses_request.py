@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from jobs.protocol.endpoints import CHAT, RESPONSES
-from jobs.protocol.generation import tools_checked
-from jobs.protocol.structured import TextFormat
+from jobs.protocol.generation import ToolUse
+from jobs.protocol.structured import ResponseFormat, TextFormat
 from jobs.protocol.tools import ResponsesFunctionTool, ResponsesToolChoice
 from jobs.protocol.validation import BODY, Name, Text, check_metadata, parse_model
 
@@ -32,35 +32,40 @@ class InputPart(BaseModel):
     text: Text
 
 
-class InputItem(BaseModel):
-    """A message item of ``input``: an easy input message, an input message or an
-    earlier output message (their fields; ``id`` and ``status`` are checked, else
+def joined(text: str | list[InputPart]) -> str:
+    """A content or an output: a string, or its parts' texts in order."""
+    return text if isinstance(text, str) else "".join(p.text for p in text)
+
+
+class _Item(BaseModel):
+    """What every item of ``input`` may carry: its ``id`` and ``status`` (checked, else
     unused)."""
 
     model_config = BODY
 
-    type: Literal["message"] = "message"
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[InputPart]
     id: Name | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
+
+class InputItem(_Item):
+    """A message item of ``input``: an easy input message, an input message or an
+    earlier output message (their fields)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[InputPart]
+
     def text(self) -> str:
-        c = self.content
-        return c if isinstance(c, str) else "".join(p.text for p in c)
+        return joined(self.content)
 
 
-class FunctionCallItem(BaseModel):
+class FunctionCallItem(_Item):
     """An earlier answer's ``function_call`` output item, as input."""
-
-    model_config = BODY
 
     type: Literal["function_call"]
     call_id: Name
     name: Name
     arguments: Text
-    id: Name | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     def call(self) -> dict[str, Any]:
         """As a chat assistant message's call."""
@@ -68,20 +73,15 @@ class FunctionCallItem(BaseModel):
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-class FunctionCallOutputItem(BaseModel):
+class FunctionCallOutputItem(_Item):
     """A ``function_call_output`` input item: a call's result, a chat tool message."""
-
-    model_config = BODY
 
     type: Literal["function_call_output"]
     call_id: Name
     output: Text | list[InputPart]
-    id: Name | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     def text(self) -> str:
-        o = self.output
-        return o if isinstance(o, str) else "".join(p.text for p in o)
+        return joined(self.output)
 
 
 def _item_type(v: Any) -> str:
@@ -107,8 +107,7 @@ class ResponseStreamOptions(BaseModel):
     model_config = BODY
 
 
-class ResponsesBody(BaseModel):
-    model_config = BODY
+class ResponsesBody(ToolUse):
 
     model: Name
     input: Text | list[Item]
@@ -123,14 +122,10 @@ class ResponsesBody(BaseModel):
     user: Name | None = None
     tools: list[ResponsesFunctionTool] | None = None
     tool_choice: ResponsesToolChoice | None = None
-    parallel_tool_calls: bool | None = None
 
-    @model_validator(mode="after")
-    def _tool_choice(self) -> ResponsesBody:
-        tools_checked(self.tools, self.tool_choice,
-                      self.text.format.response_format() if self.text is not None and
-                      self.text.format is not None else None)
-        return self
+    def constraint(self) -> ResponseFormat | None:
+        fmt = self.text.format if self.text is not None else None
+        return fmt.response_format() if fmt is not None else None
 
     def uses_tools(self) -> bool:
         """Tools or calls in the input: the model's chat template must render them."""

@@ -134,13 +134,11 @@ class ResponsesFunctionTool(FunctionDefinition):
                 "parameters": self.parameters, "strict": self.strict}
 
 
-class ResponsesNamedChoice(BaseModel):
-    """The Responses API's ``tool_choice`` naming a function (flat)."""
-
-    model_config = STRICT
+class ResponsesNamedChoice(NamedFunction):
+    """The Responses API's ``tool_choice`` naming a function: flat, its ``name`` beside
+    ``type``."""
 
     type: Literal["function"]
-    name: str
 
 
 ResponsesToolChoice = Literal["none", "auto", "required"] | ResponsesNamedChoice
