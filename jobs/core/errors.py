@@ -13,9 +13,23 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 
 class InferqError(Exception):
+    """A failure the client is told of: its HTTP ``status`` and the OpenAI error's
+    ``type`` and ``code``, which a subclass states as class keywords
+    (``class NotFound(InferqError, status=404, code="not_found")``)."""
+
     status = 400
     type = "invalid_request_error"
     code: str | None = None
+
+    def __init_subclass__(cls, status: int | None = None, type: str | None = None,
+                          code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if type is not None:
+            cls.type = type
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -32,29 +46,20 @@ class InferqError(Exception):
                 "code": self.code}
 
 
-class InvalidRequest(InferqError):
-    status = 400
+class InvalidRequest(InferqError, status=400):
+    """A request this service cannot take as it is: the client changes it."""
 
 
-class Unauthorized(InferqError):
+class Unauthorized(InferqError, status=401, code="invalid_api_key"):
     """No API key, or one this service does not know."""
 
-    status = 401
-    code = "invalid_api_key"
 
-
-class PermissionDenied(InferqError):
+class PermissionDenied(InferqError, status=403, code="insufficient_permissions"):
     """A known key that may not do this (a project key on the Admin API)."""
 
-    status = 403
-    code = "insufficient_permissions"
 
-
-class NotFound(InferqError):
+class NotFound(InferqError, status=404, code="not_found"):
     """No such object for this tenant (another tenant's ids included: 404, never 403)."""
-
-    status = 404
-    code = "not_found"
 
 
 # The code of every reference to a model the registry does not hold (a 404 for a path
@@ -62,47 +67,35 @@ class NotFound(InferqError):
 MODEL_NOT_FOUND = "model_not_found"
 
 
-class ModelNotFound(NotFound):
-    code = MODEL_NOT_FOUND
+class ModelNotFound(NotFound, code=MODEL_NOT_FOUND):
+    """A model the registry does not hold."""
 
 
-class Conflict(InferqError):
-    status = 409
-    code = "conflict"
+class Conflict(InferqError, status=409, code="conflict"):
+    """The object is not in a state that allows this; retrying the same will not help."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message, param, code, headers={"x-should-retry": "false"})
 
 
-class PayloadTooLarge(InferqError):
+class PayloadTooLarge(InferqError, status=413, code="payload_too_large"):
     """A body or a single request larger than a limit of this service."""
 
-    status = 413
-    code = "payload_too_large"
 
-
-class Unavailable(InferqError):
+class Unavailable(InferqError, status=503, type="server_error", code="unavailable"):
     """Nothing can serve the request right now; the client retries after ``retry-after``."""
-
-    status = 503
-    type = "server_error"
-    code = "unavailable"
 
     def __init__(self, message: str, retry_after: int = 5) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
-class RequestTimeout(InferqError):
-    status = 504
-    type = "server_error"
-    code = "request_timeout"
+class RequestTimeout(InferqError, status=504, type="server_error", code="request_timeout"):
+    """The answer did not come within the time this service allows."""
 
 
-class ModelNotLoaded(Unavailable):
+class ModelNotLoaded(Unavailable, code="model_not_loaded"):
     """A request for a registered model that no worker serves now (a worker answers
     only for the models it holds)."""
-
-    code = "model_not_loaded"
 
     def __init__(self, model: str, retry_after: int = 5) -> None:
         super().__init__(f"no worker serves model {model!r} right now; retry later, or ask "

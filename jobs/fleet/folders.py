@@ -23,10 +23,8 @@ from storage.objects import ObjectStore
 from storage.stores import open_store
 
 
-class Refused(InvalidRequest):
+class Refused(InvalidRequest, code="invalid_model_folder"):
     """A folder the kind's engine cannot serve: one line naming what is missing."""
-
-    code = "invalid_model_folder"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, param="source")

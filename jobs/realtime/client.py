@@ -164,10 +164,8 @@ class RealtimeClient:
 
 # Token streams -----------------------------------------------------------------------------
 
-class StreamBroken(InferqError):
-    status = 502
-    type = "server_error"
-    code = "stream_interrupted"
+class StreamBroken(InferqError, status=502, type="server_error", code="stream_interrupted"):
+    """A stream whose events stopped or came torn: it ends with this error."""
 
 
 class TokenStream:

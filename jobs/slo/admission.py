@@ -34,12 +34,8 @@ DECISIONS = Counter("inferq_admission_decisions", "Admission decisions of the re
 ADMITTED, REJECTED, UNMEASURED = "admitted", "rejected", "unmeasured"
 
 
-class Overloaded(InferqError):
-    """503: the request would miss the lane's latency objective if it were queued."""
-
-    status = 503
-    type = "server_error"
-    code = "overloaded"
+class Overloaded(InferqError, status=503, type="server_error", code="overloaded"):
+    """The request would miss the lane's latency objective if it were queued."""
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after)})

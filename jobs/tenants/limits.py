@@ -53,12 +53,9 @@ log = logging.getLogger("inferq.limits")
 CACHE_TTL_S = 1.0
 
 
-class RateLimited(InferqError):
-    """429: a limit of the project would be exceeded; ``type`` names which kind
+class RateLimited(InferqError, status=429, code="rate_limit_exceeded"):
+    """A limit of the project would be exceeded; ``type`` names which kind
     (``requests``, ``tokens``), as OpenAI does."""
-
-    status = 429
-    code = "rate_limit_exceeded"
 
     def __init__(self, message: str, kind: str, headers: dict[str, str]) -> None:
         super().__init__(message, headers=headers)
