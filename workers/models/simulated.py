@@ -1,14 +1,15 @@
 """The simulated accelerator: a model whose forward pass is a cost model of a device.
 
 Selected with ``INFERQ_ACCELERATOR=simulated``; the cost model is the profile that
-``INFERQ_SIMULATED_PROFILE`` names (``PROFILES``). Everything around the forward pass
-is the real worker: the registry row, the model's own tokenizer (its tokenizer files
+``INFERQ_SIMULATED_PROFILE`` names (``PROFILES``, read from
+``simulated_profiles.toml`` beside this module). Everything around the forward pass is
+the real worker: the registry row, the model's own tokenizer (its tokenizer files
 only, never the weights), request checks, the embedding engine and its micro-batches,
 the lanes, shard leases and checkpoints. Only ``embed`` differs: it sleeps for what
 the profile says one pass over that micro-batch costs (a fixed cost per pass plus a
-cost per padded token) and returns, for each row, a unit vector derived from a hash
-of its token ids, of the real model's size (its ``config.json``'s ``hidden_size``).
-The same ids always give the same vector, on any worker.
+cost per padded token) and returns, for each row, a unit vector derived from a hash of
+its token ids, of the real model's size (its ``config.json``'s ``hidden_size``). The
+same ids always give the same vector, on any worker.
 
 Sleeping, not computing: a simulated worker spends almost no CPU on the model, so
 many of them share a small machine, and what a benchmark of a simulated fleet
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,47 +90,10 @@ class Profile:
         return asdict(self)
 
 
-# The numbers are assumptions, stated with what they are derived from; none was
-# measured on the device it names (the CPU profile's figures come from this project's
-# own benchmarks, docs/BENCHMARKS.md).
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile(
-        name="h100-minilm", device="NVIDIA H100 (assumed)",
-        embedding_model="all-MiniLM-L6-v2", embed_pass_ms=1.5, embed_token_us=0.25,
-        chat_model="SmolLM2-135M-Instruct", decode_step_ms=6.0, decode_row_us=20.0,
-        prefill_token_us=0.4,
-        source="assumption: sbert.net lists all-MiniLM-L6-v2 at ~14,200 sentences/s on a "
-               "V100; an H100 taken as ~3x that in fp16 (~40,000 sentences of ~25 tokens "
-               "per second in micro-batches of 128), with ~1.5 ms of kernel launches and "
-               "copies per pass. SmolLM2-135M: a decode step of a 30-layer 135M model is "
-               "launch-bound (~6 ms), rows add little until the batch is large"),
-    Profile(
-        name="a10g-minilm", device="NVIDIA A10G (assumed)",
-        embedding_model="all-MiniLM-L6-v2", embed_pass_ms=2.0, embed_token_us=1.0,
-        chat_model="SmolLM2-135M-Instruct", decode_step_ms=9.0, decode_row_us=60.0,
-        prefill_token_us=1.5,
-        source="assumption: about a quarter of the H100 profile's throughput per token "
-               "(an A10G's fp16 throughput is roughly a quarter of an H100's), a slightly "
-               "larger fixed cost per pass"),
-    Profile(
-        name="cpu1-minilm", device="one CPU core (as measured by bench.pipeline)",
-        embedding_model="all-MiniLM-L6-v2", embed_pass_ms=2.0, embed_token_us=140.0,
-        chat_model="SmolLM2-135M-Instruct", decode_step_ms=25.0, decode_row_us=600.0,
-        prefill_token_us=400.0,
-        source="derived from this project's CPU benchmarks on a 2-core box: the raw "
-               "in-process loop of bench.pipeline runs ~250 long-tailed texts/s "
-               "(~27 padded tokens each: ~140 us per padded token); generation ~45 tok/s "
-               "with batches of 32 (bench.generation)"),
-    Profile(
-        name="slow-minilm", device="a slow accelerator: 50-500 ms a request (assumed)",
-        embedding_model="all-MiniLM-L6-v2", embed_pass_ms=40.0, embed_token_us=3000.0,
-        chat_model="SmolLM2-135M-Instruct", decode_step_ms=250.0, decode_row_us=6000.0,
-        prefill_token_us=4000.0,
-        source="assumption: the cpu1 profile twenty times slower per token, with 40 ms a "
-               "pass: a request of 5 to 150 tokens takes 55 to 490 ms, long enough that "
-               "the API, Redis and PostgreSQL on a small machine are not what queues "
-               "(bench.planner's service times)"),
-)}
+# The profiles, by name: data with the sources of their numbers, in a file of their own.
+PROFILES: dict[str, Profile] = {
+    name: Profile(name=name, **row) for name, row in tomllib.loads(
+        (Path(__file__).with_name("simulated_profiles.toml")).read_text()).items()}
 
 
 def profile(name: str) -> Profile:
