@@ -158,9 +158,9 @@ class Source:
 
 def _live(src: Source, first: dict[str, Any], interval: float) -> None:
     """Redraw every ``interval`` until Ctrl-C; an API that stops answering is shown on
-    the last frame and tried again. Ctrl-C also leaves a mark the loop reads: the
-    KeyboardInterrupt it raises is dropped by Python where it lands in a finalizer
-    (the garbage collector closing a response), and the view must end all the same."""
+    the last frame and tried again. Ctrl-C also leaves a mark the loop reads: Python
+    drops a KeyboardInterrupt raised inside a finalizer (a response the garbage
+    collector closes), and the view must end even when its interrupt was lost so."""
     import openai
 
     interrupted = threading.Event()
