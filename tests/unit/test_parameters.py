@@ -44,34 +44,10 @@ from openai.types.responses import (
 )
 
 from jobs.core.errors import InvalidRequest
+from jobs.protocol import parameters as table
 from jobs.protocol.batch import BatchCreate
 from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from jobs.protocol.generation import ChatBody, Message, StreamOptions
-from jobs.protocol.parameters import (
-    DEFAULT_ONLY,
-    FUNCTION_CALL_FIELDS,
-    FUNCTION_CALL_OUTPUT_FIELDS,
-    FUNCTION_FIELDS,
-    IMPLEMENTED,
-    INPUT_ITEM_FIELDS,
-    INPUT_PART_FIELDS,
-    ITEM_ROLE_FIELDS,
-    MESSAGE_FIELDS,
-    METHODS,
-    NESTED,
-    PARAMETERS,
-    PART_TYPE_FIELDS,
-    REFUSED,
-    REFUSED_ROLES,
-    RESPONSE_STREAM_OPTIONS,
-    RESPONSES_TOOL_FIELDS,
-    ROLE_FIELDS,
-    STREAM_OPTIONS,
-    TEXT_CONFIG,
-    TEXT_PART_FIELDS,
-    TOOL_FIELDS,
-    parameter_table,
-)
 from jobs.protocol.parsing import BODIES, parse_embeddings, parse_generation, parse_responses
 from jobs.protocol.responses_request import (
     FunctionCallItem,
@@ -138,10 +114,15 @@ def sdk_parameters(endpoint: str) -> list[str]:
             if p not in TRANSPORT]
 
 
-def rows(table: str) -> list[list[str]]:
+def implemented(fields: dict[str, table.Param]) -> set[str]:
+    """The names of a table's implemented rows."""
+    return {name for name, p in fields.items() if p.status == table.IMPLEMENTED}
+
+
+def rows(markdown: str) -> list[list[str]]:
     """The cells of a Markdown table's rows, its header and rule left out."""
     out = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
-           for line in table.splitlines() if line.startswith("|")]
+           for line in markdown.splitlines() if line.startswith("|")]
     return [r for r in out[2:]]
 
 
@@ -156,80 +137,77 @@ def docs_block() -> str:
 
 # The table is the SDK's ------------------------------------------------------------------
 
-@pytest.mark.parametrize("endpoint", list(PARAMETERS))
+@pytest.mark.parametrize("endpoint", list(table.PARAMETERS))
 def test_the_table_has_every_parameter_of_the_sdk_method(endpoint: str) -> None:
-    assert list(PARAMETERS[endpoint]) == sdk_parameters(endpoint)
+    assert list(table.PARAMETERS[endpoint]) == sdk_parameters(endpoint)
     # the request body's TypedDict says the same (``stream`` is the streaming variants')
     assert set(SDK_BASES[endpoint].__annotations__) | (
-        {"stream"} if endpoint != EMBEDDINGS else set()) == set(PARAMETERS[endpoint])
+        {"stream"} if endpoint != EMBEDDINGS else set()) == set(table.PARAMETERS[endpoint])
 
 
 def test_the_message_fields_are_the_sdks_by_role() -> None:
     for role, typed in ROLE_TYPES.items():
-        assert set(ROLE_FIELDS[role]) == set(typed.__annotations__), role
-    assert set().union(*ROLE_FIELDS.values()) == set(MESSAGE_FIELDS)
+        assert set(table.ROLE_FIELDS[role]) == set(typed.__annotations__), role
+    assert set().union(*table.ROLE_FIELDS.values()) == set(table.MESSAGE_FIELDS)
     roles = set()
     for typed in typing.get_args(ChatCompletionMessageParam):
         roles |= set(typing.get_args(typing.get_type_hints(typed)["role"]))
-    assert roles == set(ROLE_FIELDS) | set(REFUSED_ROLES)
-    assert set(TEXT_PART_FIELDS) == set(ChatCompletionContentPartTextParam.__annotations__)
-    assert set(STREAM_OPTIONS) == set(ChatCompletionStreamOptionsParam.__annotations__)
+    assert roles == set(table.ROLE_FIELDS) | set(table.REFUSED_ROLES)
+    assert set(table.TEXT_PART_FIELDS) == set(ChatCompletionContentPartTextParam.__annotations__)
+    assert set(table.STREAM_OPTIONS) == set(ChatCompletionStreamOptionsParam.__annotations__)
 
 
 def test_the_tool_objects_are_the_sdks() -> None:
     """Function tools, their calls and outputs: the fields of the SDK's types."""
-    assert set(TOOL_FIELDS) == set(ChatCompletionFunctionToolParam.__annotations__)
-    assert set(FUNCTION_FIELDS) == set(
+    assert set(table.TOOL_FIELDS) == set(ChatCompletionFunctionToolParam.__annotations__)
+    assert set(table.FUNCTION_FIELDS) == set(
         typing.get_type_hints(ChatCompletionFunctionToolParam)["function"].__annotations__)
-    assert set(RESPONSES_TOOL_FIELDS) == set(typing.get_type_hints(FunctionToolParam)) | {
+    assert set(table.RESPONSES_TOOL_FIELDS) == set(typing.get_type_hints(FunctionToolParam)) | {
         "async"}
-    assert set(FUNCTION_CALL_FIELDS) == set(typing.get_type_hints(
+    assert set(table.FUNCTION_CALL_FIELDS) == set(typing.get_type_hints(
         ResponseFunctionToolCallParam)) | {"async"}
-    assert set(FUNCTION_CALL_OUTPUT_FIELDS) == set(
+    assert set(table.FUNCTION_CALL_OUTPUT_FIELDS) == set(
         response_input_param.FunctionCallOutput.__annotations__)
-    for table, model in ((FUNCTION_CALL_FIELDS, FunctionCallItem),
-                         (FUNCTION_CALL_OUTPUT_FIELDS, FunctionCallOutputItem)):
-        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
-            set(model.model_fields), model
+    for fields, model in ((table.FUNCTION_CALL_FIELDS, FunctionCallItem),
+                         (table.FUNCTION_CALL_OUTPUT_FIELDS, FunctionCallOutputItem)):
+        assert implemented(fields) == set(model.model_fields), model
 
 
 def test_the_responses_objects_are_the_sdks() -> None:
     """An input message item's fields by role are those of the SDK's message item types
     that take the role; text parts, ``text`` and ``stream_options`` likewise."""
     items = (EasyInputMessageParam, response_input_param.Message, ResponseOutputMessageParam)
-    for role, fields in ITEM_ROLE_FIELDS.items():
+    for role, fields in table.ITEM_ROLE_FIELDS.items():
         expected: set[str] = set()
         for typed in items:
             if role in typing.get_args(typing.get_type_hints(typed)["role"]):
                 expected |= set(typed.__annotations__)
         assert set(fields) == expected, role
-    assert set().union(*ITEM_ROLE_FIELDS.values()) == set(INPUT_ITEM_FIELDS)
-    assert set(PART_TYPE_FIELDS["input_text"]) == set(ResponseInputTextParam.__annotations__)
-    assert set(PART_TYPE_FIELDS["output_text"]) == set(ResponseOutputTextParam.__annotations__)
-    assert set().union(*PART_TYPE_FIELDS.values()) == set(INPUT_PART_FIELDS)
-    assert set(TEXT_CONFIG) == set(ResponseTextConfigParam.__annotations__)
-    assert set(RESPONSE_STREAM_OPTIONS) == set(
+    assert set().union(*table.ITEM_ROLE_FIELDS.values()) == set(table.INPUT_ITEM_FIELDS)
+    for part, typed_part in (("input_text", ResponseInputTextParam),
+                             ("output_text", ResponseOutputTextParam)):
+        assert set(table.PART_TYPE_FIELDS[part]) == set(typed_part.__annotations__), part
+    assert set().union(*table.PART_TYPE_FIELDS.values()) == set(table.INPUT_PART_FIELDS)
+    assert set(table.TEXT_CONFIG) == set(ResponseTextConfigParam.__annotations__)
+    assert set(table.RESPONSE_STREAM_OPTIONS) == set(
         response_create_params.StreamOptions.__annotations__)
 
 
 def test_implemented_is_exactly_what_the_models_read() -> None:
     """The one fact: a model field is an implemented row and the other way round."""
-    for endpoint, table in PARAMETERS.items():
-        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
-            set(BODIES[endpoint].model_fields), endpoint
-    assert {k for k, p in MESSAGE_FIELDS.items() if p.status == IMPLEMENTED} == \
-        set(Message.model_fields)
-    assert {k for k, p in STREAM_OPTIONS.items() if p.status == IMPLEMENTED} == \
-        set(StreamOptions.model_fields)
-    for table, model in ((INPUT_ITEM_FIELDS, InputItem), (INPUT_PART_FIELDS, InputPart),
-                         (TEXT_CONFIG, TextConfig),
-                         (RESPONSE_STREAM_OPTIONS, ResponseStreamOptions)):
-        assert {k for k, p in table.items() if p.status == IMPLEMENTED} == \
-            set(model.model_fields), model
-    for table in (*PARAMETERS.values(), *NESTED.values()):
-        for name, p in table.items():
-            assert p.status in (IMPLEMENTED, DEFAULT_ONLY, REFUSED), name
-            assert bool(p.noop) == (p.status == DEFAULT_ONLY), name
+    for endpoint, fields in table.PARAMETERS.items():
+        assert implemented(fields) == set(BODIES[endpoint].model_fields), endpoint
+    for fields, model in ((table.MESSAGE_FIELDS, Message),
+                          (table.STREAM_OPTIONS, StreamOptions),
+                          (table.INPUT_ITEM_FIELDS, InputItem),
+                          (table.INPUT_PART_FIELDS, InputPart),
+                          (table.TEXT_CONFIG, TextConfig),
+                          (table.RESPONSE_STREAM_OPTIONS, ResponseStreamOptions)):
+        assert implemented(fields) == set(model.model_fields), model
+    for fields in (*table.PARAMETERS.values(), *table.NESTED.values()):
+        for name, p in fields.items():
+            assert p.status in (table.IMPLEMENTED, table.DEFAULT_ONLY, table.REFUSED), name
+            assert bool(p.noop) == (p.status == table.DEFAULT_ONLY), name
             assert p.note and "|" not in p.note, name
 
 
@@ -237,21 +215,21 @@ def test_implemented_is_exactly_what_the_models_read() -> None:
 
 def test_docs_api_md_holds_the_table() -> None:
     block = docs_block()
-    assert block == parameter_table(), (
+    assert block == table.parameter_table(), (
         "docs/API.md's parameter tables differ from jobs.protocol.parameters; paste "
         "jobs.protocol.parameters.parameter_table()'s output between the markers")
     params, nested = block.split("\n\n")
-    by_method = {v: k for k, v in METHODS.items()}
-    documented: dict[str, dict[str, str]] = {endpoint: {} for endpoint in PARAMETERS}
+    by_method = {v: k for k, v in table.METHODS.items()}
+    documented: dict[str, dict[str, str]] = {endpoint: {} for endpoint in table.PARAMETERS}
     for method, name, status, _accepted, _note in rows(params):
         documented[by_method[method]][name] = status
-    for endpoint in PARAMETERS:
+    for endpoint in table.PARAMETERS:
         assert list(documented[endpoint]) == sdk_parameters(endpoint)
-        assert documented[endpoint] == {k: p.status for k, p in PARAMETERS[endpoint].items()}
+        assert documented[endpoint] == {k: p.status for k, p in table.PARAMETERS[endpoint].items()}
     fields: dict[str, dict[str, str]] = {}
     for obj, name, status, _accepted, _note in rows(nested):
         fields.setdefault(obj, {})[name] = status
-    assert fields == {obj: {k: p.status for k, p in t.items()} for obj, t in NESTED.items()}
+    assert fields == {obj: {k: p.status for k, p in t.items()} for obj, t in table.NESTED.items()}
 
 
 def test_the_documented_example_message_is_the_one_sent() -> None:
@@ -262,8 +240,8 @@ def test_the_documented_example_message_is_the_one_sent() -> None:
 # The validation does what the table says -------------------------------------------------
 
 NOT_A_NOOP = {"on": [1, 2]}  # no parameter's no-op value
-CASES = [(endpoint, name) for endpoint, table in PARAMETERS.items()
-         for name, p in table.items() if p.status != IMPLEMENTED]
+CASES = [(endpoint, name) for endpoint, fields in table.PARAMETERS.items()
+         for name, p in fields.items() if p.status != table.IMPLEMENTED]
 
 
 @pytest.mark.parametrize(("endpoint", "name"), CASES, ids=[f"{e} {n}" for e, n in CASES])
@@ -271,7 +249,7 @@ def test_each_parameter_not_implemented_is_refused_naming_it(endpoint: str, name
     e = refused(endpoint, {**MINIMAL[endpoint], name: NOT_A_NOOP})
     assert (e.param, e.code, e.status) == (name, "unsupported_parameter", 400)
     assert e.to_dict()["type"] == "invalid_request_error"
-    assert name in e.message.split(":", 1)[1] or PARAMETERS[endpoint][name].note in e.message
+    assert name in e.message.split(":", 1)[1] or table.PARAMETERS[endpoint][name].note in e.message
 
 
 @pytest.mark.parametrize(("endpoint", "name", "value"), REAL_USES,
@@ -281,8 +259,8 @@ def test_what_clients_send_for_them_is_refused(endpoint: str, name: str, value: 
     assert (e.param, e.code) == (name, "unsupported_parameter")
 
 
-NOOPS = [(endpoint, name, v) for endpoint, table in PARAMETERS.items()
-         for name, p in table.items() if p.status != IMPLEMENTED for v in (*p.noop, None)]
+NOOPS = [(endpoint, name, v) for endpoint, fields in table.PARAMETERS.items()
+         for name, p in fields.items() if p.status != table.IMPLEMENTED for v in (*p.noop, None)]
 
 
 @pytest.mark.parametrize(("endpoint", "name", "value"), NOOPS,
@@ -313,7 +291,7 @@ def test_null_is_the_default_of_an_implemented_parameter() -> None:
     assert refused(CHAT, {"model": "m", "messages": None}).param == "messages"
 
 
-@pytest.mark.parametrize("endpoint", list(PARAMETERS))
+@pytest.mark.parametrize("endpoint", list(table.PARAMETERS))
 def test_an_unknown_parameter_is_refused_naming_it(endpoint: str) -> None:
     e = refused(endpoint, {**MINIMAL[endpoint], "temprature": 0.5})
     assert (e.param, e.code) == ("temprature", "unknown_parameter")
