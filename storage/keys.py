@@ -17,8 +17,9 @@ def upload_part(upload_id: str, part_id: str) -> str:
 def upload_target(upload_id: str) -> str:
     """The object an upload's parts go into in place (a store with multipart uploads):
     the File's object when completing keeps them in the order they came, else the
-    source its parts are copied from in their order."""
-    return f"files/{upload_id}"
+    source its parts are copied from in their order. It lies among the Files' objects,
+    named by the upload's id (the File's row keeps its key)."""
+    return file_object(upload_id)
 
 
 def batch_prefix(batch_id: str) -> str:
