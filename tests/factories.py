@@ -1,17 +1,23 @@
 """The one batch factory of the tests: a batch's rows written straight into the
-database, as validation would leave them, for tests of what happens after."""
+database, as validation would leave them, for tests of what happens after; and what
+such a test reads back (the messages sent to a queue, a shard's row)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from jobs.core import refs
 from jobs.core.context import Context
+from jobs.core.dispatch import TASK_SHARD
 from jobs.core.schema import Batch, File, Shard, new_id
 from jobs.core.status import BatchStatus
 from jobs.tenants import auth
+
+T = TypeVar("T")
 
 
 def batch_rows(ctx: Context, shards: list[dict[str, Any]] | None = None, *,
@@ -41,3 +47,46 @@ def batch_rows(ctx: Context, shards: list[dict[str, Any]] | None = None, *,
                            "rows": 10, **columns}))
             ids.append(sid)
     return batch_id, ids
+
+
+def make_batch(ctx: Context, shards: list[dict[str, object]],
+               **batch: object) -> list[str]:
+    """The shard ids of a new batch (its id when it has none); its shards sent to the
+    broker unless a test says otherwise (dispatched_at None: waiting for the fair
+    dispatcher)."""
+    batch_id, ids = batch_rows(ctx, [{"dispatched_at": time.time(), **kw} for kw in shards],
+                               **batch)
+    return ids if shards else [batch_id]
+
+
+def messages(ctx: Context, queue: str) -> list[tuple[str, str]]:
+    """(task name, first argument) of the Celery messages waiting on a queue, oldest
+    first (kombu pushes on the left), skipping anything that is not a task."""
+    out = []
+    for raw in reversed(ctx.redis.lrange(queue, 0, -1)):
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        args, _, _ = json.loads(base64.b64decode(msg["body"]))
+        out.append((msg["headers"]["task"], args[0]))
+    return out
+
+
+def sent(ctx: Context, queue: str = "batch") -> list[str]:
+    """Shard ids sent to a lane queue."""
+    return [arg for task, arg in messages(ctx, queue) if task == TASK_SHARD]
+
+
+def row(ctx: Context, table: type[T], key: str) -> T:
+    """A row (of ``table``, by its primary key) as it is now, detached from its session."""
+    with ctx.db.session() as s:
+        found = s.get(table, key)
+        assert found is not None, (table.__name__, key)
+        s.expunge(found)
+        return found
+
+
+def shard_row(ctx: Context, sid: str) -> Shard:
+    """A shard's row as it is now."""
+    return row(ctx, Shard, sid)

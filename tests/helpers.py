@@ -1,11 +1,33 @@
-"""Shared helpers for end-to-end tests."""
+"""Helpers the test modules share (no test module imports another): request lines and
+files, waiting for a batch, the `inferq` command in a clean environment, clients of an
+app served in this process (a "world"), a batch run in this process, and what the
+failure matrix checks after a fault."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
+
+from sqlalchemy import select
+
+from jobs.core.schema import Shard
+
+CLI = [sys.executable, "-m", "cli.main"]  # the `inferq` command, run as a user runs it
+
+
+def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user with nothing configured: no INFERQ_* or endpoint that
+    the test session set leaks into it."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("INFERQ_") and k != "AWS_ENDPOINT_URL"}
+    env.update(INFERQ_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", **extra)
+    return env
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
@@ -83,3 +105,105 @@ def served(call: Any, timeout: float = 300) -> Any:
             if not waiting or time.monotonic() > deadline:
                 raise
             time.sleep(1)
+
+
+def run_in_process(ctx: Any, batch_id: str, minilm: Any, engine: Any) -> None:
+    """Validate the batch, run its shards on this process's model, finalize it."""
+    from jobs.batches import finalize, service
+    from jobs.batches import queries as repo
+    from workers.lanes.batch import run_shard
+    from workers.process.breaker import Breaker
+    from workers.process.runtime import WorkerRuntime
+
+    service.validate_batch(ctx, batch_id)
+    rt = WorkerRuntime(ctx.settings, ctx, "test-worker", Breaker(1000, 1.0),
+                       held_models(((minilm, engine),)), "cpu")
+    with ctx.db.session() as s:
+        shards = [sh.id for sh in repo.shards_of(s, batch_id)]
+    assert shards
+    for sid in shards:
+        run_shard(rt, sid, lambda: False)
+    finalize.finalize_batch(ctx, batch_id)
+
+
+
+def as_key(app: Any, key: str | None) -> Any:
+    """A Flask test client of ``app`` that sends ``key`` (none: no Authorization)."""
+    c = app.test_client()
+    if key is not None:
+        c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    return c
+
+
+def submit_batch(c: Any, rows: int = 1) -> str:
+    """The id of a new embeddings batch of ``rows`` rows, sent through a test client."""
+    fid = c.post("/v1/files", content_type="multipart/form-data", data={
+        "file": (io.BytesIO(jsonl([emb_line(i, f"text {i}") for i in range(rows)])),
+                 "in.jsonl"), "purpose": "batch"}).get_json()["id"]
+    b = c.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/embeddings",
+                                    "completion_window": "24h"})
+    assert b.status_code == 200, b.get_data(as_text=True)
+    return str(b.get_json()["id"])
+
+
+WORLD_URL = "http://inferq.test"  # an app called in this process (httpx's WSGI transport)
+
+
+def world_sdk(world: dict[str, Any], key: str | None = None) -> Any:
+    """The SDK in strict response validation on a world's app (``world["app"]``), with
+    the world's project key unless ``key``."""
+    import httpx2
+    from openai import OpenAI
+
+    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=WORLD_URL)
+    return OpenAI(base_url=f"{WORLD_URL}/v1", api_key=key or world["key"], http_client=http,
+                  _strict_response_validation=True, max_retries=0)
+
+
+def world_http(world: dict[str, Any], key: str | None = None) -> Any:
+    """A bare HTTP client of a world's app, sending its project key unless ``key``."""
+    import httpx2
+
+    return httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=WORLD_URL,
+                         headers={"Authorization": f"Bearer {key or world['key']}"})
+
+
+def api_error(e: Any) -> dict[str, Any]:
+    """The error of an SDK ``APIStatusError``, checked to be in the OpenAI error shape."""
+    body = e.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param",
+                                                             "code"}
+    err: dict[str, Any] = body["error"]
+    return err
+
+# What the failure matrix checks after a batch ran through a fault ---------------------
+
+def shards(ctx: Any, batch_id: str) -> list[Shard]:
+    """A batch's shards' rows, in their order."""
+    with ctx.db.session() as s:
+        return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id)
+                              .order_by(Shard.index)))
+
+
+def exactly_once(sdk: Any, b: Any, rows: list[dict[str, Any]]) -> None:
+    """Every row's custom_id stands once across the batch's output and error files."""
+    out = lines(sdk, b.output_file_id) + lines(sdk, b.error_file_id)
+    ids = Counter(x["custom_id"] for x in out)
+    assert set(ids) == {r["custom_id"] for r in rows}, "lost results"
+    assert set(ids.values()) == {1}, "duplicated results"
+
+
+def computed(ctx: Any, batch_id: str) -> int:
+    """Rows whose results workers produced for the batch, by every attempt."""
+    return sum(s.rows_computed for s in shards(ctx, batch_id))
+
+
+def recomputed(ctx: Any, batch_id: str, total: int) -> int:
+    """Rows computed more than once: what the faults cost."""
+    return computed(ctx, batch_id) - total
+
+
+def embedding_lines(n: int) -> list[dict[str, Any]]:
+    """``n`` embedding requests of one to five sentences."""
+    return [emb_line(i, f"sentence number {i} about cats and markets " * (1 + i % 5))
+            for i in range(n)]

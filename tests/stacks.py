@@ -1,5 +1,6 @@
 """The one way tests start a stack of real processes (API, workers, on real backends),
-and the handles they use on one: its Context and an ``openai`` client."""
+and the handles they use on one: its Context and an ``openai`` client; and a
+PostgreSQL a test can stop and start again on the same data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.core.context import Context
 from jobs.core.settings import Settings
+from storage.embedded import EmbeddedPostgres
 from tests.conftest import AWS_ENV, free_port
 
 if TYPE_CHECKING:
@@ -54,3 +56,19 @@ def sdk_of(stack: Stack, key: str | None = None, timeout: float = 120) -> OpenAI
 
     return OpenAI(base_url=stack.base_url + "/v1", api_key=key or stack.api_key,
                   _strict_response_validation=True, max_retries=0, timeout=timeout)
+
+
+class Database:
+    """A private PostgreSQL that can be stopped and started on the same data dir."""
+
+    def __init__(self, pgdata: Path) -> None:
+        self.pgdata = pgdata
+        self.pg = EmbeddedPostgres(pgdata)
+        self.url = self.pg.url
+
+    def stop(self) -> None:
+        self.pg.stop()
+
+    def start(self) -> None:
+        self.pg = EmbeddedPostgres(self.pgdata)
+        assert self.pg.url == self.url

@@ -30,7 +30,7 @@ from openai.types.chat import ChatCompletionChunk
 from jobs.core.context import Context
 from jobs.fleet import own_models, registry
 from tests.helpers import jsonl, lines, served, upload, wait
-from tests.unit.test_tools import HERMES, SCHEMAS, TOOLS
+from tests.tool_cases import HERMES, SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.slow
 SFX = str(int(time.time() * 1000) % 10**8)

@@ -10,40 +10,26 @@ import re
 import signal
 import time
 import uuid
-from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
-from jobs.core.schema import Shard
 from tests.conftest import CHUNK
-from tests.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import (
+    computed,
+    emb_line,
+    embedding_lines,
+    exactly_once,
+    jsonl,
+    lines,
+    recomputed,
+    shards,
+    upload,
+    wait,
+)
 from tests.polling import until
 
 pytestmark = pytest.mark.slow
-
-
-def shards(ctx, batch_id: str) -> list[Shard]:  # type: ignore[no-untyped-def]
-    with ctx.db.session() as s:
-        return list(s.scalars(select(Shard).where(Shard.batch_id == batch_id)
-                              .order_by(Shard.index)))
-
-
-def exactly_once(fsdk, b, rows) -> None:  # type: ignore[no-untyped-def]
-    out = lines(fsdk, b.output_file_id) + lines(fsdk, b.error_file_id)
-    ids = Counter(x["custom_id"] for x in out)
-    assert set(ids) == {r["custom_id"] for r in rows}, "lost results"
-    assert set(ids.values()) == {1}, "duplicated results"
-
-
-def computed(ctx, batch_id: str) -> int:  # type: ignore[no-untyped-def]
-    """Rows whose results workers produced for the batch, by every attempt."""
-    return sum(s.rows_computed for s in shards(ctx, batch_id))
-
-
-def recomputed(ctx, batch_id: str, total: int) -> int:  # type: ignore[no-untyped-def]
-    return computed(ctx, batch_id) - total
 
 
 def worker_stats(fstack, engine: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -63,13 +49,8 @@ def worker_stats(fstack, engine: str) -> dict[str, Any]:  # type: ignore[no-unty
     raise TimeoutError(f"no worker reports a {engine} engine")
 
 
-def batch_rows(n: int) -> list[dict[str, Any]]:
-    return [emb_line(i, f"sentence number {i} about cats and markets " * (1 + i % 5))
-            for i in range(n)]
-
-
 def test_kill_9_mid_shard_resumes_elsewhere(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
-    rows = batch_rows(800)
+    rows = embedding_lines(800)
     first = workers("k1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
@@ -89,7 +70,7 @@ def test_a_worker_with_another_chunk_size_resumes_exactly(fstack, fsdk, workers,
     """The checkpoint is a row count: a shard begun by a worker with one
     INFERQ_CHUNK_ROWS and resumed by one with another (a rolling config change)
     neither skips nor repeats a request."""
-    rows = batch_rows(400)
+    rows = embedding_lines(400)
     first = workers("chunk40")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
@@ -131,7 +112,7 @@ def sigterm_drains(fsdk, workers, fctx, rows, endpoint: str, **env: str) -> None
 
 
 def test_sigterm_drains_and_hands_back_at_a_chunk(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
-    sigterm_drains(fsdk, workers, fctx, batch_rows(800), "/v1/embeddings")
+    sigterm_drains(fsdk, workers, fctx, embedding_lines(800), "/v1/embeddings")
 
 
 def chat_rows(n: int, model: str) -> list[dict[str, Any]]:
@@ -201,7 +182,7 @@ def task_outcome(fstack, task_id: str, timeout: float = 60) -> str:  # type: ign
 def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     """What a visibility timeout shorter than a shard causes: a second delivery of a
     running (or finished) shard's message finds the lease taken and does nothing."""
-    rows = batch_rows(400)
+    rows = embedding_lines(400)
     workers("d1")
     workers("d2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
@@ -223,7 +204,7 @@ def test_duplicate_delivery_is_a_no_op(fstack, fsdk, workers, fctx) -> None:  # 
 def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
     from jobs.core.schema import Batch
 
-    rows = batch_rows(1200)
+    rows = embedding_lines(1200)
     workers("e1")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
@@ -239,7 +220,7 @@ def test_expired_batch_keeps_finished_results(fstack, fsdk, workers, fctx) -> No
 
 
 def test_cancel_stops_running_shards_within_a_chunk(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
-    rows = batch_rows(1600)
+    rows = embedding_lines(1600)
     workers("c1")
     workers("c2")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
@@ -266,7 +247,7 @@ def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, fctx) 
     recomputed when a whole shard attempt gave up, one chunk at most each time."""
     from tests.flaky_proxy import FlakyProxy
 
-    rows = batch_rows(800)
+    rows = embedding_lines(800)
     with FlakyProxy(os.environ["AWS_ENDPOINT_URL"], every=40, burst=7, single=6) as proxy:
         workers("flaky1", AWS_ENDPOINT_URL=proxy.url)
         workers("flaky2", AWS_ENDPOINT_URL=proxy.url)
@@ -283,7 +264,7 @@ def test_object_store_errors_mid_batch_are_retried(fstack, fsdk, workers, fctx) 
 
 
 def test_out_of_memory_splits_and_fails_one_item_alone(fstack, fsdk, workers, fctx) -> None:  # type: ignore[no-untyped-def]
-    rows = batch_rows(200)
+    rows = embedding_lines(200)
     rows.append(emb_line("huge", "a very long sentence about everything " * 40))  # 242 tokens
     workers("oom", INFERQ_FAULT_OOM_ABOVE_TOKENS="200")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,
@@ -335,7 +316,7 @@ def test_a_failing_model_stops_its_worker_not_the_batch(fstack, fsdk, workers, f
 
     import redis
 
-    rows = batch_rows(400)
+    rows = embedding_lines(400)
     broken = workers("broken", INFERQ_FAULT_MODEL_FAILS="1", INFERQ_BREAKER_THRESHOLD="1",
                      INFERQ_BREAKER_COOLDOWN_S="120")
     b = fsdk.batches.create(input_file_id=upload(fsdk, jsonl(rows)).id,

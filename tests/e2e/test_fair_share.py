@@ -31,9 +31,8 @@ from jobs.core.status import ShardStatus
 from jobs.fleet import heartbeats
 from jobs.tenants import auth
 from tests.conftest import AWS_ENV, free_port
-from tests.factories import batch_rows
+from tests.factories import batch_rows, sent
 from tests.helpers import emb_line, jsonl, lines, upload, wait
-from tests.integration.test_janitor import sent
 
 
 @pytest.fixture

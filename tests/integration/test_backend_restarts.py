@@ -19,55 +19,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobs.core.context import Context
-from storage.embedded import EmbeddedPostgres, EmbeddedRedis
-from tests.conftest import CHUNK, free_port
-from tests.e2e.test_failures import (
-    batch_rows,
-    exactly_once,
-    recomputed,
-    shards,
-)
-from tests.helpers import jsonl, upload, wait
+from tests.conftest import CHUNK
+from tests.helpers import embedding_lines, exactly_once, jsonl, recomputed, shards, upload, wait
 from tests.polling import until
 from tests.stacks import context_of, running_stack, sdk_of
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    r = EmbeddedRedis(tmp_path_factory.mktemp("broker"), port=free_port())
-    yield r
-    r.stop()
-
-
-class Database:
-    """A private PostgreSQL that can be stopped and started on the same data dir."""
-
-    def __init__(self, pgdata: Path) -> None:
-        self.pgdata = pgdata
-        self.pg = EmbeddedPostgres(pgdata)
-        self.url = self.pg.url
-
-    def stop(self) -> None:
-        self.pg.stop()
-
-    def start(self) -> None:
-        self.pg = EmbeddedPostgres(self.pgdata)
-        assert self.pg.url == self.url
-
-
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
-    db = Database(tmp_path_factory.mktemp("database") / "pg")
-    yield db
-    db.stop()
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +79,7 @@ def heartbeats(url: str, since: float = 0) -> set[str]:
 def start_batch(rsdk, rctx, n: int) -> tuple[Any, list[dict[str, Any]], int]:  # type: ignore[no-untyped-def]
     """A batch of ``n`` rows, returned once shards are running with chunks committed;
     also how many shards were running at that moment."""
-    rows = batch_rows(n)
+    rows = embedding_lines(n)
     b = rsdk.batches.create(input_file_id=upload(rsdk, jsonl(rows)).id,
                             endpoint="/v1/embeddings", completion_window="24h")
     until(lambda: sum(s.chunks_done for s in shards(rctx, b.id)) >= 4
@@ -133,7 +95,7 @@ def finish(rctx, rsdk, b, rows, running: int, procs: list[Any]) -> None:  # type
     assert all(p.poll() is None for p in procs), "a worker died instead of recovering"
     assert 0 <= recomputed(rctx, b.id, len(rows)) <= CHUNK * max(running, 1)
     # And the service still takes new work on the same workers.
-    more = batch_rows(120)
+    more = embedding_lines(120)
     b2 = rsdk.batches.create(input_file_id=upload(rsdk, jsonl(more)).id,
                              endpoint="/v1/embeddings", completion_window="24h")
     b2 = wait(rsdk, b2.id, timeout=180)

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,21 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import emb_line, jsonl, lines, upload, wait
+from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
-
-CLI = [sys.executable, "-m", "cli.main"]
-
-
-def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a user with nothing configured: no INFERQ_* or endpoint that
-    the test session set leaks into it."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("INFERQ_") and k != "AWS_ENDPOINT_URL"}
-    env.update(INFERQ_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", **extra)
-    return env
-
 
 @dataclass
 class Up:

@@ -6,7 +6,6 @@ play the control worker and the model workers, so no worker runs)."""
 
 from __future__ import annotations
 
-import io
 import secrets
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from jobs.core.settings import Settings
 from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
 from jobs.tenants import auth
-from tests.helpers import emb_line, jsonl
+from tests.helpers import as_key, submit_batch
 
 MODEL = "all-MiniLM-L6-v2"
 OVERVIEW_KEYS = {"object", "scope", "project_id", "generated_at", "lanes", "workers",
@@ -34,23 +33,6 @@ OVERVIEW_KEYS = {"object", "scope", "project_id", "generated_at", "lanes", "work
 BATCH_KEYS = {"id", "project_id", "status", "endpoint", "model", "created_at",
               "request_counts", "rate_per_s", "eta_s"}
 SHARD_KEYS = {"index", "status", "rows", "done", "worker", "attempts"}
-
-
-def as_key(app: Any, key: str | None) -> Any:
-    c = app.test_client()
-    if key is not None:
-        c.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return c
-
-
-def submit_batch(c: Any, rows: int = 1) -> str:
-    fid = c.post("/v1/files", content_type="multipart/form-data", data={
-        "file": (io.BytesIO(jsonl([emb_line(i, f"text {i}") for i in range(rows)])),
-                 "in.jsonl"), "purpose": "batch"}).get_json()["id"]
-    b = c.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/embeddings",
-                                    "completion_window": "24h"})
-    assert b.status_code == 200, b.get_data(as_text=True)
-    return str(b.get_json()["id"])
 
 
 def assert_error(resp: Any, status: int, etype: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import boto3
-import httpx2
 import openai
 import orjson
 import pyarrow as pa
@@ -26,10 +25,9 @@ from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
 from jobs.tenants import auth
-from tests.integration.test_reruns import run
+from tests.helpers import run_in_process, world_sdk
 
 MODEL = "all-MiniLM-L6-v2"
-BASE = "http://inferq.test"
 
 
 @pytest.fixture
@@ -47,12 +45,6 @@ def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
     project, key = auth.create_tenant(ctx, "datasets")
     yield {"app": app, "ctx": ctx, "key": key, "project": project, "s3": s3,
            "bucket": bucket, "other": auth.create_tenant(ctx, "datasets-other")[1]}
-
-
-def sdk(world: dict[str, Any], key: str | None = None) -> OpenAI:
-    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=BASE)
-    return OpenAI(base_url=f"{BASE}/v1", api_key=key or world["key"], http_client=http,
-                  _strict_response_validation=True, max_retries=0)
 
 
 def create(client: OpenAI, **body: Any) -> BatchObject:
@@ -76,7 +68,7 @@ def reviews(start: int, n: int) -> pa.Table:
 
 def test_a_templated_dataset_in_place_becomes_an_output_dataset(
         world: dict[str, Any], minilm: Any, minilm_engine: Any) -> None:
-    ctx, client, bucket = world["ctx"], sdk(world), world["bucket"]
+    ctx, client, bucket = world["ctx"], world_sdk(world), world["bucket"]
     for i in range(3):
         put_parquet(world, f"reviews/part-{i}.parquet", reviews(i * 50, 50))
     world["s3"].put_object(Bucket=bucket, Key="reviews/_SUCCESS", Body=b"")  # skipped
@@ -96,7 +88,7 @@ def test_a_templated_dataset_in_place_becomes_an_output_dataset(
     locations.add(ctx, world["project"], f"s3://{bucket}/out/", "write")
     # Another project has no location at all.
     with pytest.raises(openai.PermissionDeniedError):
-        create(sdk(world, world["other"]), input_dataset=source)
+        create(world_sdk(world, world["other"]), input_dataset=source)
 
     b = create(client, input_dataset=source, output_dataset=output)
     assert b.status == "validating"
@@ -105,7 +97,7 @@ def test_a_templated_dataset_in_place_becomes_an_output_dataset(
         "part-0.parquet", "part-1.parquet", "part-2.parquet"]
     assert all(f["etag"] for f in pinned["files"])
 
-    run(ctx, b.id, minilm, minilm_engine)
+    run_in_process(ctx, b.id, minilm, minilm_engine)
     done = client.batches.retrieve(b.id)
     assert done.status == "completed", done.errors
     assert done.request_counts is not None
@@ -152,7 +144,7 @@ def test_a_templated_dataset_in_place_becomes_an_output_dataset(
 
 
 def test_dataset_errors_are_clear(world: dict[str, Any]) -> None:
-    ctx, client, bucket = world["ctx"], sdk(world), world["bucket"]
+    ctx, client, bucket = world["ctx"], world_sdk(world), world["bucket"]
     locations.add(ctx, world["project"], f"s3://{bucket}/", "read_write")
     put_parquet(world, "d/a.parquet", pa.table({"custom_id": ["a", "b", "a"],
                                                 "input": ["x", "", "z"]}))
@@ -210,7 +202,7 @@ def test_dataset_errors_are_clear(world: dict[str, Any]) -> None:
 def test_jsonl_rows_in_place(world: dict[str, Any]) -> None:
     """JSONL rows with integer ids and a chat template with a system prompt: the
     shards hold the requests as the chat schema reads them."""
-    ctx, client, bucket = world["ctx"], sdk(world), world["bucket"]
+    ctx, client, bucket = world["ctx"], world_sdk(world), world["bucket"]
     registry.register(ctx, "chatty", "1", "chat", "test",
                       [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
     catalog.invalidate(ctx)

@@ -17,8 +17,8 @@ from jobs.core.dispatch import shard_queue
 from jobs.core.schema import Shard
 from jobs.core.settings import Settings
 from jobs.core.status import ShardOutcome, ShardStatus
+from tests.factories import make_batch, sent
 from tests.helpers import held_models
-from tests.integration.test_janitor import make_batch, sent
 
 GONE = "gone-model@1"  # the version just unloaded
 

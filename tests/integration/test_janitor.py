@@ -7,8 +7,6 @@ unsent."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Iterator
 
@@ -18,13 +16,13 @@ from sqlalchemy import update
 from jobs.batches import fairshare, janitor, service
 from jobs.batches.outputs import Tokens
 from jobs.core.context import Context
-from jobs.core.dispatch import TASK_FINALIZE, TASK_SHARD, TASK_VALIDATE, Dispatcher, make_celery
+from jobs.core.dispatch import TASK_FINALIZE, TASK_VALIDATE, Dispatcher, make_celery
 from jobs.core.schema import Batch, Shard
 from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardStatus
 from jobs.fleet import heartbeats
 from tests.conftest import free_port
-from tests.factories import batch_rows
+from tests.factories import make_batch, messages, sent, shard_row
 
 
 @pytest.fixture
@@ -38,16 +36,6 @@ def jctx(own_settings: Settings) -> Iterator[Context]:
     c.close()
 
 
-def make_batch(ctx: Context, shards: list[dict[str, object]],
-               **batch: object) -> list[str]:
-    """The shard ids of a new batch (its id when it has none); its shards sent to the
-    broker unless a test says otherwise (dispatched_at None: waiting for the fair
-    dispatcher)."""
-    batch_id, ids = batch_rows(ctx, [{"dispatched_at": time.time(), **kw} for kw in shards],
-                               **batch)
-    return ids if shards else [batch_id]
-
-
 def test_a_lapsed_shard_of_a_cancelled_batch_ends_it_without_a_worker(jctx) -> None:  # type: ignore[no-untyped-def]
     """Its worker was killed while the batch was being cancelled: the shard is
     cancelled (never sent again) and the batch's finalize is sent, so the batch ends
@@ -59,36 +47,9 @@ def test_a_lapsed_shard_of_a_cancelled_batch_ends_it_without_a_worker(jctx) -> N
     batch_id = lapsed.rsplit(".", 1)[0]
     rep = janitor.sweep(jctx)
     assert rep.requeued == [] and rep.finalize == {batch_id}
-    assert status(jctx, lapsed).status == ShardStatus.CANCELLED
+    assert shard_row(jctx, lapsed).status == ShardStatus.CANCELLED
     assert sent(jctx) == []
     assert (TASK_FINALIZE, batch_id) in messages(jctx, "control")
-
-
-def messages(ctx: Context, queue: str) -> list[tuple[str, str]]:
-    """(task name, first argument) of the Celery messages waiting on a queue, oldest
-    first (kombu pushes on the left), skipping anything that is not a task."""
-    out = []
-    for raw in reversed(ctx.redis.lrange(queue, 0, -1)):
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            continue
-        args, _, _ = json.loads(base64.b64decode(msg["body"]))
-        out.append((msg["headers"]["task"], args[0]))
-    return out
-
-
-def sent(ctx: Context, queue: str = "batch") -> list[str]:
-    """Shard ids sent to a lane queue."""
-    return [arg for task, arg in messages(ctx, queue) if task == TASK_SHARD]
-
-
-def status(ctx: Context, sid: str) -> Shard:
-    with ctx.db.session() as s:
-        sh = s.get(Shard, sid)
-        assert sh is not None
-        s.expunge(sh)
-        return sh
 
 
 def test_lapsed_lease_is_handed_back_and_sent(jctx) -> None:  # type: ignore[no-untyped-def]
@@ -106,11 +67,11 @@ def test_lapsed_lease_is_handed_back_and_sent(jctx) -> None:  # type: ignore[no-
     ])
     rep = janitor.sweep(jctx)
     assert sorted(rep.requeued) == sorted([lapsed, moving]) and rep.failed == [spent]
-    assert status(jctx, lapsed).status == ShardStatus.QUEUED
-    assert status(jctx, lapsed).lease_token is None
-    assert status(jctx, held).status == ShardStatus.RUNNING
-    assert status(jctx, spent).status == ShardStatus.FAILED
-    assert "gave up after 3 attempts in a row" in (status(jctx, spent).error or "")
+    assert shard_row(jctx, lapsed).status == ShardStatus.QUEUED
+    assert shard_row(jctx, lapsed).lease_token is None
+    assert shard_row(jctx, held).status == ShardStatus.RUNNING
+    assert shard_row(jctx, spent).status == ShardStatus.FAILED
+    assert "gave up after 3 attempts in a row" in (shard_row(jctx, spent).error or "")
     assert sorted(sent(jctx)) == sorted([lapsed, moving])
 
 
@@ -157,7 +118,7 @@ def test_a_send_lost_to_a_broker_outage_is_repeated(jctx) -> None:  # type: igno
     with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
         janitor.sweep(down)
     down.close()
-    sh = status(jctx, lapsed)
+    sh = shard_row(jctx, lapsed)
     assert sh.status == ShardStatus.QUEUED and sh.updated_at == 0
     rep = janitor.sweep(jctx)  # the broker is back: sent although the queue is not empty
     assert rep.requeued == [lapsed]
@@ -217,8 +178,8 @@ def test_waiting_shards_are_dispatched_by_the_sweep_never_resent_as_stranded(jct
     s0, s1, s2 = waiting_batch(jctx, 3)
     rep = janitor.sweep(jctx)
     assert rep.requeued == [] and rep.dispatched == [s0]  # no worker yet: the margin
-    assert sent(jctx) == [s0] and status(jctx, s0).dispatched_at is not None
-    assert status(jctx, s1).dispatched_at is None
+    assert sent(jctx) == [s0] and shard_row(jctx, s0).dispatched_at is not None
+    assert shard_row(jctx, s1).dispatched_at is None
     assert janitor.sweep(jctx).dispatched == []  # the queue is full
     announce_worker(jctx, "w1", ["batch"])
     announce_worker(jctx, "w2", ["flex"])  # another lane's slot makes no room here
@@ -243,8 +204,8 @@ def test_cancel_and_expiry_end_waiting_shards_without_sending_them(jctx) -> None
     assert rep.dispatched == [] and sent(jctx) == []
     assert rep.expired == [expired[0].rsplit(".", 1)[0]]
     for sid in cancelled + expired:
-        assert status(jctx, sid).status == ShardStatus.CANCELLED
-        assert status(jctx, sid).dispatched_at is None
+        assert shard_row(jctx, sid).status == ShardStatus.CANCELLED
+        assert shard_row(jctx, sid).dispatched_at is None
     assert {arg for _, arg in messages(jctx, "control")} == {
         batch_id, expired[0].rsplit(".", 1)[0]}  # both finalized at once
 
@@ -260,7 +221,7 @@ def test_a_dispatch_lost_to_a_broker_outage_is_sent_by_the_next_sweep(jctx) -> N
     with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
         fairshare.dispatch(down, "batch")
     down.close()
-    assert status(jctx, first).dispatched_at is None
+    assert shard_row(jctx, first).dispatched_at is None
     lost = Context(jctx.settings)  # heartbeats readable, the broker not
     lost.dispatcher = Dispatcher(make_celery(dead))
     lost.dispatcher.app.conf.broker_connection_max_retries = 0
@@ -268,9 +229,9 @@ def test_a_dispatch_lost_to_a_broker_outage_is_sent_by_the_next_sweep(jctx) -> N
     with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the client raises
         fairshare.dispatch(lost, "batch")
     lost.close()
-    sh = status(jctx, first)
+    sh = shard_row(jctx, first)
     assert sh.dispatched_at is not None and sh.updated_at == 0  # its turn was taken
-    assert status(jctx, second).dispatched_at is None
+    assert shard_row(jctx, second).dispatched_at is None
     jctx.redis.rpush("batch", b"someone else's message")  # the queue is not empty
     rep = janitor.sweep(jctx)
     assert rep.requeued == [first] and rep.dispatched == []  # the lane is full

@@ -18,7 +18,7 @@ from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.core.status import ShardStatus
 from jobs.fleet import heartbeats
-from tests.integration.test_janitor import make_batch, sent, status
+from tests.factories import make_batch, sent, shard_row
 
 
 @pytest.fixture
@@ -49,17 +49,17 @@ def test_a_gone_workers_shard_is_handed_back_and_a_live_ones_is_not(hctx: Contex
     ])
     rep = janitor.sweep(hctx)
     assert rep.requeued == [gone] and rep.failed == []
-    assert status(hctx, gone).status == ShardStatus.QUEUED
-    assert status(hctx, gone).lease_token is None
-    assert status(hctx, live).status == ShardStatus.RUNNING
-    assert status(hctx, just_claimed).status == ShardStatus.RUNNING
+    assert shard_row(hctx, gone).status == ShardStatus.QUEUED
+    assert shard_row(hctx, gone).lease_token is None
+    assert shard_row(hctx, live).status == ShardStatus.RUNNING
+    assert shard_row(hctx, just_claimed).status == ShardStatus.RUNNING
     assert sent(hctx) == [gone]
 
     # Had the holder only been slow, its next checkpoint is fenced off.
     with hctx.db.session() as s:
         assert not repo.checkpoint(s, gone, "a", 1, 1, 10, 10, 0, Tokens(), 60)
         assert repo.claim_shard(s, gone, "d", "host:live", 60) is not None
-    assert status(hctx, gone).lease_token == "d"
+    assert shard_row(hctx, gone).lease_token == "d"
 
 
 def test_a_heartbeat_that_expires_lets_the_next_sweep_break_the_lease(hctx: Context) -> None:

@@ -33,7 +33,7 @@ from jobs.core.settings import Settings
 from jobs.core.status import BatchStatus, ShardOutcome, ShardStatus
 from storage import keys
 from storage.parquet import shard_bytes
-from tests.factories import batch_rows
+from tests.factories import batch_rows, row, shard_row
 from workers.shards.pipeline import process_shard
 from workers.shards.runners import Chunk, Lines
 
@@ -113,22 +113,6 @@ def make_batch(ctx: Context, rows: int = ROWS, **shard: Any) -> tuple[str, str]:
     return batch_id, sid
 
 
-def get_shard(ctx: Context, sid: str) -> Shard:
-    with ctx.db.session() as s:
-        sh = s.get(Shard, sid)
-        assert sh is not None
-        s.expunge(sh)
-        return sh
-
-
-def get_batch(ctx: Context, batch_id: str) -> Batch:
-    with ctx.db.session() as s:
-        b = s.get(Batch, batch_id)
-        assert b is not None
-        s.expunge(b)
-        return b
-
-
 def output_lines(ctx: Context, b: Batch) -> list[dict[str, Any]]:
     if b.output_file_id is None:
         return []
@@ -164,7 +148,7 @@ def test_a_late_writer_never_replaces_a_committed_part(pctx: Context) -> None:
         ctx_late.close()
         ctx_holder.close()
 
-    sh = get_shard(pctx, sid)
+    sh = shard_row(pctx, sid)
     assert (sh.status, sh.chunks_done, sh.rows_done, sh.attempt) == (ShardStatus.DONE, 4,
                                                                      ROWS, 2)
     assert sh.part_attempts == {"0": 2, "1": 2, "2": 2, "3": 2}
@@ -173,7 +157,7 @@ def test_a_late_writer_never_replaces_a_committed_part(pctx: Context) -> None:
     assert b"holder" in pctx.store.get_bytes(keys.output_part(batch_id, 0, 0, "ok", 2))
 
     finalize.finalize_batch(pctx, batch_id)
-    b = get_batch(pctx, batch_id)
+    b = row(pctx, Batch, batch_id)
     assert b.status == BatchStatus.COMPLETED, b.errors
     out = output_lines(pctx, b)
     ids = Counter(x["custom_id"] for x in out)
@@ -193,12 +177,12 @@ def test_a_missing_committed_part_fails_the_batch(pctx: Context) -> None:
     finally:
         wctx.close()
     assert res.outcome == ShardOutcome.DONE
-    sh = get_shard(pctx, sid)
+    sh = shard_row(pctx, sid)
     assert sh.chunks_done == 3
     pctx.store.delete(keys.output_part(batch_id, 0, 1, "ok", repo.part_attempt(sh, 1)))
 
     finalize.finalize_batch(pctx, batch_id)
-    b = get_batch(pctx, batch_id)
+    b = row(pctx, Batch, batch_id)
     assert b.status == BatchStatus.FAILED
     assert b.errors is not None and [e["code"] for e in b.errors] == ["output_part_missing"]
     assert "chunk 1 of shard 0" in b.errors[0]["message"]
@@ -220,7 +204,7 @@ def test_chunks_committed_before_attempts_were_recorded_use_the_old_keys(
                              line(chunk, who))
         pctx.store.put_bytes(keys.output_part(batch_id, 0, chunk, "err", attempt), b"")
     finalize.finalize_batch(pctx, batch_id)
-    b = get_batch(pctx, batch_id)
+    b = row(pctx, Batch, batch_id)
     assert b.status == BatchStatus.COMPLETED, b.errors
     assert [(x["custom_id"], x["response"]["body"]["worker"])
             for x in output_lines(pctx, b)] == [("req-0", "old"), ("req-1", "new")]
@@ -233,7 +217,7 @@ def test_a_line_that_failed_on_the_server_s_side_is_computed_again(pctx: Context
     try:
         first = process_shard(wctx, lambda *_: runner, sid, "w")
         assert first.outcome == ShardOutcome.RETRY and first.retry_in_s > 0
-        sh = get_shard(pctx, sid)
+        sh = shard_row(pctx, sid)
         assert (sh.status, sh.chunks_done, sh.rows_done, sh.failed) == (
             ShardStatus.QUEUED, 1, 4, 0)
         assert sh.error is not None and "req-5: inference failed" in sh.error
@@ -241,10 +225,10 @@ def test_a_line_that_failed_on_the_server_s_side_is_computed_again(pctx: Context
         assert (again.outcome, again.finalize) == (ShardOutcome.DONE, True)
     finally:
         wctx.close()
-    sh = get_shard(pctx, sid)
+    sh = shard_row(pctx, sid)
     assert (sh.completed, sh.failed, sh.part_attempts) == (ROWS, 0, {"0": 1, "1": 2, "2": 2})
     finalize.finalize_batch(pctx, batch_id)
-    b = get_batch(pctx, batch_id)
+    b = row(pctx, Batch, batch_id)
     assert b.status == BatchStatus.COMPLETED, b.errors
     ids = Counter(x["custom_id"] for x in output_lines(pctx, b))
     assert ids == Counter(f"req-{i}" for i in range(ROWS)), "lost or duplicated results"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,14 +34,13 @@ from jobs.fleet import catalog, publishing, registry
 from jobs.fleet.heartbeats import live_workers
 from jobs.tenants import auth
 from storage import keys
-from tests.helpers import chat_line, emb_line, jsonl, lines, served, upload, wait
+from tests.helpers import CLI, chat_line, emb_line, jsonl, lines, served, upload, wait
 
 pytestmark = pytest.mark.slow
 
 SFX = str(int(time.time() * 1000) % 10**8)
 MINI, BERT, LLAMA, S3M, RM, VLL = (f"own-{x}-{SFX}" for x in ("minilm", "bert", "llama",
                                                                "s3", "rm", "vllm"))
-CLI = [sys.executable, "-m", "cli.main"]
 BUCKET = "inferq-test"
 
 

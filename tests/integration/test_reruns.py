@@ -22,16 +22,13 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch as BatchObject
 
-from jobs.batches import finalize, service
-from jobs.batches import queries as repo
 from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
 from jobs.tenants import auth
-from tests.helpers import emb_line, held_models, jsonl
+from tests.helpers import emb_line, jsonl, run_in_process, world_sdk
 
 MODEL = "all-MiniLM-L6-v2"
-BASE = "http://inferq.test"
 ROWS = 200
 LONG = 20  # every 20th request is long: 5 % of them
 OOM_ABOVE = 40  # tokens of a pass (rows x longest row) the injected fault allows
@@ -50,12 +47,6 @@ def world(own_settings: Settings) -> Iterator[dict[str, Any]]:
            "other": auth.create_tenant(ctx, "reruns-other")[1]}
 
 
-def sdk(world: dict[str, Any], key: str | None = None) -> OpenAI:
-    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=BASE)
-    return OpenAI(base_url=f"{BASE}/v1", api_key=key or world["key"], http_client=http,
-                  _strict_response_validation=True, max_retries=0)
-
-
 def retry(client: OpenAI, batch_id: str, **body: Any) -> BatchObject:
     return client.post(f"/batches/{batch_id}/retry", body=body, cast_to=BatchObject)
 
@@ -63,23 +54,6 @@ def retry(client: OpenAI, batch_id: str, **body: Any) -> BatchObject:
 def merged(client: OpenAI, batch_id: str) -> list[dict[str, Any]]:
     raw = client.get(f"/batches/{batch_id}/merged_output", cast_to=httpx2.Response)
     return [orjson.loads(x) for x in raw.content.splitlines() if x]
-
-
-def run(ctx: Context, batch_id: str, minilm: Any, engine: Any) -> None:
-    """Validate the batch, run its shards on this process's model, finalize it."""
-    from workers.lanes.batch import run_shard
-    from workers.process.breaker import Breaker
-    from workers.process.runtime import WorkerRuntime
-
-    service.validate_batch(ctx, batch_id)
-    rt = WorkerRuntime(ctx.settings, ctx, "test-worker", Breaker(1000, 1.0),
-                       held_models(((minilm, engine),)), "cpu")
-    with ctx.db.session() as s:
-        shards = [sh.id for sh in repo.shards_of(s, batch_id)]
-    assert shards
-    for sid in shards:
-        run_shard(rt, sid, lambda: False)
-    finalize.finalize_batch(ctx, batch_id)
 
 
 def code_of(line: dict[str, Any]) -> str | None:
@@ -91,7 +65,7 @@ def code_of(line: dict[str, Any]) -> str | None:
 
 def test_a_rerun_of_the_failed_requests_completes_the_merged_output(
         world: dict[str, Any], minilm: Any, minilm_engine: Any) -> None:
-    ctx, client = world["ctx"], sdk(world)
+    ctx, client = world["ctx"], world_sdk(world)
     lines = [emb_line(i, ("a long request " * 20) if i % LONG == 0 else f"short {i}",
                       model=MODEL) for i in range(ROWS)]
     f = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
@@ -104,7 +78,7 @@ def test_a_rerun_of_the_failed_requests_completes_the_merged_output(
     assert e.value.body["code"] == "batch_not_ended"  # type: ignore[index]
     minilm.fault_oom_above_tokens = OOM_ABOVE
     try:
-        run(ctx, parent.id, minilm, minilm_engine)
+        run_in_process(ctx, parent.id, minilm, minilm_engine)
     finally:
         minilm.fault_oom_above_tokens = 0
     first = client.batches.retrieve(parent.id)
@@ -118,7 +92,7 @@ def test_a_rerun_of_the_failed_requests_completes_the_merged_output(
         retry(client, parent.id, error_codes=["rate_limit_exceeded"])
     assert e.value.body["code"] == "nothing_to_retry"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):  # another project's batch
-        retry(sdk(world, world["other"]), parent.id)
+        retry(world_sdk(world, world["other"]), parent.id)
 
     child = retry(client, parent.id, error_codes=["request_too_large"])
     assert child.model_extra is not None and child.model_extra["parent_batch_id"] == parent.id
@@ -131,7 +105,7 @@ def test_a_rerun_of_the_failed_requests_completes_the_merged_output(
     # While the rerun runs, the merged output is still the first run's.
     assert {x["custom_id"] for x in merged(client, parent.id) if code_of(x)} == failed
 
-    run(ctx, child.id, minilm, minilm_engine)  # the fault is gone: a larger accelerator
+    run_in_process(ctx, child.id, minilm, minilm_engine)  # the fault is gone: a larger accelerator
     done = client.batches.retrieve(child.id)
     assert done.status == "completed" and done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (10, 0)
@@ -159,7 +133,7 @@ def test_the_merged_output_of_a_dataset_is_parquet(world: dict[str, Any], minilm
 
     from cli.main import main
 
-    ctx, client = world["ctx"], sdk(world)
+    ctx, client = world["ctx"], world_sdk(world)
     n = 40
     buf = io.BytesIO()
     pq.write_table(pa.table({
@@ -172,7 +146,7 @@ def test_the_merged_output_of_a_dataset_is_parquet(world: dict[str, Any], minilm
                                    extra_body={"body": {"model": MODEL}})
     minilm.fault_oom_above_tokens = OOM_ABOVE
     try:
-        run(ctx, parent.id, minilm, minilm_engine)
+        run_in_process(ctx, parent.id, minilm, minilm_engine)
     finally:
         minilm.fault_oom_above_tokens = 0
     srv = make_server("127.0.0.1", 0, world["app"], threaded=True)
@@ -186,7 +160,7 @@ def test_the_merged_output_of_a_dataset_is_parquet(world: dict[str, Any], minilm
         got = CliRunner().invoke(main, ["retry", parent.id, *cli])
         assert got.exit_code == 0, got.output
         child_id = got.output.strip()
-        run(ctx, child_id, minilm, minilm_engine)
+        run_in_process(ctx, child_id, minilm, minilm_engine)
         got = CliRunner().invoke(main, ["results", parent.id, "--merged", "-o",
                                         str(tmp_path / "all.jsonl"), *cli])
         assert got.exit_code == 0, got.output

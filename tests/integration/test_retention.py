@@ -22,25 +22,25 @@ from jobs.core.context import Context
 from jobs.core.schema import Batch, File, IdempotencyKey, UsageRecord, new_id, now
 from jobs.core.webhook_tables import WebhookDelivery, WebhookEvent
 from storage import keys
-from tests.helpers import emb_line, jsonl
-from tests.integration.test_uploads import MODEL, error, sdk, world  # noqa: F401 - fixture
+from tests.helpers import api_error, emb_line, jsonl, world_sdk
+from tests.integration.conftest import UPLOADS_MODEL
 
 DAY = 86400
 
 
 @pytest.fixture
-def client(world: dict[str, Any]) -> OpenAI:  # noqa: F811 - the fixture imported above
-    return sdk(world)
+def client(uploads_world: dict[str, Any]) -> OpenAI:
+    return world_sdk(uploads_world)
 
 
 @pytest.fixture
-def ctx(world: dict[str, Any]) -> Context:  # noqa: F811
-    c: Context = world["ctx"]
+def ctx(uploads_world: dict[str, Any]) -> Context:
+    c: Context = uploads_world["ctx"]
     return c
 
 
 def upload(client: OpenAI, **kw: Any) -> Any:
-    data = jsonl([emb_line(0, "a line", model=MODEL)])
+    data = jsonl([emb_line(0, "a line", model=UPLOADS_MODEL)])
     return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch", **kw)
 
 
@@ -68,7 +68,7 @@ def test_expires_after_on_a_file(client: OpenAI, ctx: Context) -> None:
                  lambda: client.files.delete(f.id)):
         with pytest.raises(openai.NotFoundError) as e:
             call()
-        assert error(e.value)["message"] == f"No such File object: {f.id}"
+        assert api_error(e.value)["message"] == f"No such File object: {f.id}"
     assert f.id not in [x.id for x in client.files.list()]
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
@@ -123,7 +123,7 @@ def test_output_expires_after_dates_the_batchs_output_files(client: OpenAI,
         client.files.content(out_id)
     with pytest.raises(openai.ConflictError) as e:  # nor read from its parts
         client.get(partial, cast_to=httpx2.Response, options={"params": {"partial": "true"}})
-    assert error(e.value)["code"] == "results_expired"
+    assert api_error(e.value)["code"] == "results_expired"
     assert retention.expire_files(ctx) == [out_id]
     assert not ctx.store.exists(key) and not ctx.store.exists(part)
 
@@ -140,12 +140,12 @@ def test_malformed_expiries_are_refused_by_name(client: OpenAI, ctx: Context,
         files = s.scalar(select(func.count()).select_from(File))
     with pytest.raises(openai.BadRequestError) as e:
         upload(client, expires_after=given)
-    assert error(e.value)["param"] == "expires_after"
+    assert api_error(e.value)["param"] == "expires_after"
     f = upload(client)
     with pytest.raises(openai.BadRequestError) as e:
         client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
                               completion_window="24h", output_expires_after=given)  # type: ignore[arg-type]
-    assert str(error(e.value)["param"]).startswith("output_expires_after")
+    assert str(api_error(e.value)["param"]).startswith("output_expires_after")
     with ctx.db.session() as s:
         assert s.scalar(select(func.count()).select_from(File)) == files + 1  # only ``f``
         assert s.scalar(select(func.count()).select_from(Batch).where(
@@ -155,11 +155,12 @@ def test_malformed_expiries_are_refused_by_name(client: OpenAI, ctx: Context,
 def test_an_unknown_form_field_is_refused_by_name(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         upload(client, extra_body={"chunking_strategy": "auto"})
-    err = error(e.value)
+    err = api_error(e.value)
     assert (err["code"], err["param"]) == ("unsupported_parameter", "chunking_strategy")
 
 
-def test_old_webhook_events_and_usage_are_pruned(world: dict[str, Any], ctx: Context) -> None:  # noqa: F811
+def test_old_webhook_events_and_usage_are_pruned(uploads_world: dict[str, Any],
+                                                  ctx: Context) -> None:
     t = time.time()
     tenant = _tenant(ctx)
     old, pending, recent = (new_id("evt_") for _ in range(3))
@@ -174,7 +175,7 @@ def test_old_webhook_events_and_usage_are_pruned(world: dict[str, Any], ctx: Con
                                   next_attempt_at=t, give_up_at=t, created_at=t))
         for src, age in (("rt:old", 400 * DAY), ("rt:new", DAY)):
             s.add(UsageRecord(source=f"{src}:{t}", tenant_id=tenant, kind="embeddings",
-                              model=MODEL, lane="realtime", created_at=t - age))
+                              model=UPLOADS_MODEL, lane="realtime", created_at=t - age))
     pruned = retention.prune(ctx, at=t)
     with ctx.db.session() as s:
         left = set(s.scalars(select(WebhookEvent.id).where(
@@ -195,9 +196,9 @@ def test_old_webhook_events_and_usage_are_pruned(world: dict[str, Any], ctx: Con
     assert sources == {f"rt:new:{t}"}
 
 
-def test_old_idempotency_keys_are_forgotten(world: dict[str, Any], ctx: Context) -> None:  # noqa: F811
-    client = sdk(world)
-    data = jsonl([emb_line(0, "keyed", model=MODEL)])
+def test_old_idempotency_keys_are_forgotten(uploads_world: dict[str, Any], ctx: Context) -> None:
+    client = world_sdk(uploads_world)
+    data = jsonl([emb_line(0, "keyed", model=UPLOADS_MODEL)])
 
     def create() -> str:
         return str(client.files.create(file=("k.jsonl", io.BytesIO(data)), purpose="batch",

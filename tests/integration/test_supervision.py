@@ -27,8 +27,7 @@ from sqlalchemy import create_engine, text
 
 from jobs.core.redis_keys import WORKERS
 from tests.conftest import free_port, process_alive
-from tests.helpers import emb_line, jsonl, lines, upload, wait
-from tests.integration.test_cli import CLI, clean_env
+from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, upload, wait
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ import secrets
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,9 +32,10 @@ from jobs.fleet import catalog, heartbeats, registry
 from jobs.slo import stats
 from jobs.tenants import auth
 from tests.conftest import free_port
-from tests.integration.test_dashboard_api import MODEL, as_key, submit_batch
+from tests.helpers import CLI, as_key, submit_batch
 
-CLI = [sys.executable, "-m", "cli.main", "top"]
+MODEL = "all-MiniLM-L6-v2"
+TOP = [*CLI, "top"]  # `inferq top`
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>78]")
 
 
@@ -61,7 +61,7 @@ class Api:
         env = self.env()
         if not columns:  # a pipe with no COLUMNS: what `inferq top --once | less` gets
             env.pop("COLUMNS")
-        return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True,
+        return subprocess.run([*TOP, *args], env=env, capture_output=True, text=True,
                               timeout=120)
 
     def commit_chunk(self, chunk: int, ok: int) -> None:
@@ -155,7 +155,7 @@ def screen_until(fd: int, pattern: str, seen: list[str], timeout: float = 60) ->
 def test_live_view_redraws_and_ctrl_c_exits_cleanly(api: Api) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: `inferq top` on the pseudo-terminal
-        os.execve(CLI[0], [*CLI, "--interval", "0.3", "--api-url", api.url, "--api-key",
+        os.execve(TOP[0], [*TOP, "--interval", "0.3", "--api-url", api.url, "--api-key",
                            api.key], api.env())
     seen: list[str] = []
     status = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,60 +24,26 @@ from jobs.batches import janitor, uploads
 from jobs.core.context import Context
 from jobs.core.schema import File, now
 from jobs.core.upload_tables import Upload, UploadPart
-from jobs.fleet import registry
-from jobs.tenants import auth
 from storage import keys
-from tests.conftest import fresh_database
-from tests.helpers import emb_line, jsonl
+from tests.helpers import WORLD_URL, api_error, emb_line, jsonl, world_http, world_sdk
+from tests.integration.conftest import MAX_BYTES, PART_LIMIT, UPLOADS_MODEL
 
-PART_LIMIT = 64 * 1024  # the app's max_upload_part_bytes here
-MAX_BYTES = 4 * 1024 * 1024  # and its max_upload_bytes
-BASE = "http://inferq.test"
 JSONL = "application/jsonl"
-MODEL = "uploads-embedder"
-
-
-@pytest.fixture(scope="module")
-def world(settings, pg_admin_url, redis_dbs) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from api.app import create_app
-
-    with fresh_database(pg_admin_url) as url, redis_dbs.lend() as redis_url:
-        st = settings.model_copy(update={"database_url": url, "redis_url": redis_url,
-                                         "max_upload_part_bytes": PART_LIMIT,
-                                         "max_upload_bytes": MAX_BYTES})
-        app = create_app(st)
-        ctx: Context = app.extensions["inferq"]
-        # a model in the registry only: a batch for it can be created (no worker runs it)
-        registry.register(ctx, MODEL, "1", registry.EMBEDDINGS_KIND, "test", [], 512)
-        yield {"app": app, "ctx": ctx, "key": auth.create_tenant(ctx, "uploads-a")[1],
-               "other": auth.create_tenant(ctx, "uploads-b")[1]}
-        ctx.close()
-
-
-def sdk(world: dict[str, Any], key: str | None = None) -> OpenAI:
-    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=BASE)
-    return OpenAI(base_url=f"{BASE}/v1", api_key=key or world["key"], http_client=http,
-                  _strict_response_validation=True, max_retries=0)
 
 
 @pytest.fixture
-def client(world: dict[str, Any]) -> OpenAI:
-    return sdk(world)
+def client(uploads_world: dict[str, Any]) -> OpenAI:
+    return world_sdk(uploads_world)
 
 
 @pytest.fixture
-def ctx(world: dict[str, Any]) -> Context:
-    c: Context = world["ctx"]
+def ctx(uploads_world: dict[str, Any]) -> Context:
+    c: Context = uploads_world["ctx"]
     return c
 
 
-def raw(world: dict[str, Any], key: str | None = None) -> httpx2.Client:
-    return httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=BASE,
-                         headers={"Authorization": f"Bearer {key or world['key']}"})
-
-
 def dataset(n: int) -> bytes:
-    return jsonl([emb_line(i, f"text number {i} " + "word " * (i % 7), model=MODEL)
+    return jsonl([emb_line(i, f"text number {i} " + "word " * (i % 7), model=UPLOADS_MODEL)
                   for i in range(n)])
 
 
@@ -108,14 +73,6 @@ class Created:
         return self.now() == self.at
 
 
-def error(e: openai.APIStatusError) -> dict[str, Any]:
-    body = e.response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param",
-                                                             "code"}
-    err: dict[str, Any] = body["error"]
-    return err
-
-
 def part_objects(ctx: Context, upload_id: str) -> list[str]:
     """What the store holds of an upload's parts: objects of their own, or (S3) the
     parts of the multipart upload they went into in place."""
@@ -134,8 +91,8 @@ def part_objects(ctx: Context, upload_id: str) -> list[str]:
     return found
 
 
-def test_parts_out_of_order_and_concurrent_make_the_file(world: dict[str, Any], client: OpenAI,
-                                                        ctx: Context) -> None:
+def test_parts_out_of_order_and_concurrent_make_the_file(
+        uploads_world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
     data = dataset(400)
     chunks = split(data, [9000, 1, 12000, 7000, 20000, 3000, 5000])
     assert len(chunks) == 8 and all(chunks) and b"".join(chunks) == data
@@ -153,7 +110,7 @@ def test_parts_out_of_order_and_concurrent_make_the_file(world: dict[str, Any], 
         ids[i] = p.id
     rest = [i for i in range(len(chunks)) if i not in ids]
     with ThreadPoolExecutor(4) as pool:  # the rest at once, each on its own client
-        made = pool.map(lambda i: (i, sdk(world).uploads.parts.create(upload_id=up.id,
+        made = pool.map(lambda i: (i, world_sdk(uploads_world).uploads.parts.create(upload_id=up.id,
                                                                       data=chunks[i])), rest)
         ids.update({i: p.id for i, p in made})
     assert len(set(ids.values())) == len(chunks)
@@ -188,29 +145,29 @@ def test_parts_out_of_order_and_concurrent_make_the_file(world: dict[str, Any], 
     assert again.status == "completed" and again.file is not None and again.file.id == f.id
     with pytest.raises(openai.BadRequestError) as e:  # another order is not the same
         client.uploads.complete(upload_id=up.id, part_ids=[ids[i] for i in (1, 0, *range(2, 8))])
-    assert error(e.value)["code"] == "upload_completed"
+    assert api_error(e.value)["code"] == "upload_completed"
     with pytest.raises(openai.BadRequestError) as e:  # nor another md5
         client.uploads.complete(upload_id=up.id, part_ids=[ids[i] for i in range(8)],
                                 md5="0" * 32)
-    assert error(e.value)["param"] == "md5"
+    assert api_error(e.value)["param"] == "md5"
     with pytest.raises(openai.BadRequestError) as e:  # no part after completion
         client.uploads.parts.create(upload_id=up.id, data=b"more")
-    assert error(e.value)["code"] == "upload_completed"
+    assert api_error(e.value)["code"] == "upload_completed"
     with pytest.raises(openai.BadRequestError) as e:
         client.uploads.cancel(up.id)
-    assert error(e.value)["code"] == "upload_completed"
+    assert api_error(e.value)["code"] == "upload_completed"
     assert before.unchanged()
 
 
-def test_concurrent_completes_make_one_file(world: dict[str, Any], ctx: Context) -> None:
-    client = sdk(world)
+def test_concurrent_completes_make_one_file(uploads_world: dict[str, Any], ctx: Context) -> None:
+    client = world_sdk(uploads_world)
     data = dataset(50)
     up = client.uploads.create(bytes=len(data), filename="x.jsonl", mime_type=JSONL,
                                purpose="batch")
     ids = [client.uploads.parts.create(upload_id=up.id, data=c).id
            for c in split(data, [len(data) // 2])]
     with ThreadPoolExecutor(3) as pool:
-        got = list(pool.map(lambda _: sdk(world).uploads.complete(upload_id=up.id,
+        got = list(pool.map(lambda _: world_sdk(uploads_world).uploads.complete(upload_id=up.id,
                                                                   part_ids=ids), range(3)))
     assert {u.status for u in got} == {"completed"}
     assert len({u.file.id for u in got if u.file is not None}) == 1
@@ -249,7 +206,7 @@ def test_upload_file_chunked_unchanged(client: OpenAI, ctx: Context, tmp_path: P
         assert f is not None and f.format == "parquet"
     batch = client.batches.create(input_file_id=pup.file.id, endpoint="/v1/embeddings",
                                   completion_window="24h",
-                                  extra_body={"body": {"model": MODEL}})
+                                  extra_body={"body": {"model": UPLOADS_MODEL}})
     assert batch.status == "validating"
 
 
@@ -293,10 +250,10 @@ def test_cancel(client: OpenAI, ctx: Context) -> None:
     assert client.uploads.cancel(up.id).status == "cancelled"  # answered as it is
     with pytest.raises(openai.BadRequestError) as e:
         client.uploads.parts.create(upload_id=up.id, data=b"c")
-    assert error(e.value)["code"] == "upload_cancelled"
+    assert api_error(e.value)["code"] == "upload_cancelled"
     with pytest.raises(openai.BadRequestError) as e:
         client.uploads.complete(upload_id=up.id, part_ids=[p.id])
-    assert error(e.value)["code"] == "upload_cancelled"
+    assert api_error(e.value)["code"] == "upload_cancelled"
     files, _, objects = before.now()
     assert (files, objects) == before.at[::2]  # no file; (its 2 part rows are kept)
 
@@ -311,7 +268,7 @@ def test_expired_upload_is_refused_and_swept(client: OpenAI, ctx: Context) -> No
                  lambda: client.uploads.cancel(up.id)):
         with pytest.raises(openai.BadRequestError) as e:
             call()
-        assert error(e.value)["code"] == "upload_expired"
+        assert api_error(e.value)["code"] == "upload_expired"
     assert len(part_objects(ctx, up.id)) == 1
     assert janitor.sweep(ctx).expired_uploads == [up.id]
     assert part_objects(ctx, up.id) == []
@@ -346,7 +303,7 @@ def test_completion_refusals_create_nothing(client: OpenAI, ctx: Context) -> Non
         extra = kw.pop("extra_body", None)
         with pytest.raises(openai.BadRequestError) as e:
             client.uploads.complete(upload_id=up.id, extra_body=extra, **kw)
-        err = error(e.value)
+        err = api_error(e.value)
         assert (err["code"], err["param"], err["type"]) == (code, param,
                                                            "invalid_request_error"), kw
         if param == "colour":
@@ -381,7 +338,7 @@ def test_create_refusals(client: OpenAI, ctx: Context) -> None:
     for change, param in cases:
         with pytest.raises(openai.BadRequestError) as e:
             client.uploads.create(**{**good, **change})  # type: ignore[arg-type]
-        err = error(e.value)
+        err = api_error(e.value)
         assert err["param"] == param, (change, err)
         assert param.split(".")[-1] in err["message"]
     with ctx.db.session() as s:
@@ -393,7 +350,7 @@ def test_create_refusals(client: OpenAI, ctx: Context) -> None:
         assert ok.status == "pending"
 
 
-def test_part_refusals(world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
+def test_part_refusals(uploads_world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
     up = client.uploads.create(bytes=PART_LIMIT * 3, filename="p.jsonl", mime_type=JSONL,
                                purpose="batch")
     small = client.uploads.create(bytes=10, filename="s.jsonl", mime_type=JSONL,
@@ -401,17 +358,17 @@ def test_part_refusals(world: dict[str, Any], client: OpenAI, ctx: Context) -> N
     before = Created(ctx)
     with pytest.raises(openai.APIStatusError) as e:  # one byte over the limit
         client.uploads.parts.create(upload_id=up.id, data=b"x" * (PART_LIMIT + 1))
-    assert e.value.status_code == 413 and error(e.value)["code"] == "payload_too_large"
+    assert e.value.status_code == 413 and api_error(e.value)["code"] == "payload_too_large"
     with pytest.raises(openai.APIStatusError) as e:  # past the form's slack too
         client.uploads.parts.create(upload_id=up.id, data=b"x" * (PART_LIMIT * 3))
-    assert e.value.status_code == 413 and error(e.value)["code"] == "payload_too_large"
+    assert e.value.status_code == 413 and api_error(e.value)["code"] == "payload_too_large"
     with pytest.raises(openai.BadRequestError) as e:  # more than the whole upload
         client.uploads.parts.create(upload_id=small.id, data=b"x" * 11)
-    assert error(e.value)["param"] == "data"
+    assert api_error(e.value)["param"] == "data"
     with pytest.raises(openai.BadRequestError) as e:
         client.uploads.parts.create(upload_id=up.id, data=b"")
-    assert error(e.value)["code"] == "empty_part"
-    http = raw(world)
+    assert api_error(e.value)["code"] == "empty_part"
+    http = world_http(uploads_world)
     r = http.post(f"/v1/uploads/{up.id}/parts", data={"colour": "red"},
                   files={"data": ("blob", b"abc")})
     assert r.status_code == 400 and r.json()["error"]["param"] == "colour"
@@ -437,12 +394,12 @@ def test_part_refusals(world: dict[str, Any], client: OpenAI, ctx: Context) -> N
     assert p.upload_id == up.id and len(part_objects(ctx, up.id)) == 1
 
 
-def test_another_projects_upload_is_not_found(world: dict[str, Any], client: OpenAI,
+def test_another_projects_upload_is_not_found(uploads_world: dict[str, Any], client: OpenAI,
                                               ctx: Context) -> None:
     up = client.uploads.create(bytes=4, filename="mine.jsonl", mime_type=JSONL,
                                purpose="batch")
     p = client.uploads.parts.create(upload_id=up.id, data=b"{}\n\n")
-    them = sdk(world, world["other"])
+    them = world_sdk(uploads_world, uploads_world["other"])
     before = Created(ctx)
     for call in (lambda: them.uploads.parts.create(upload_id=up.id, data=b"x"),
                  lambda: them.uploads.complete(upload_id=up.id, part_ids=[p.id]),
@@ -451,7 +408,7 @@ def test_another_projects_upload_is_not_found(world: dict[str, Any], client: Ope
                  lambda: them.uploads.cancel("no such id!")):
         with pytest.raises(openai.NotFoundError) as e:
             call()
-        err = error(e.value)
+        err = api_error(e.value)
         assert err["message"].startswith("No such Upload object: ")
         assert err["param"] == "upload_id"
     assert before.unchanged()
@@ -460,9 +417,9 @@ def test_another_projects_upload_is_not_found(world: dict[str, Any], client: Ope
 
 
 def test_a_part_sent_again_with_its_idempotency_key_is_stored_once(
-        world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
+        uploads_world: dict[str, Any], client: OpenAI, ctx: Context) -> None:
     up = client.uploads.create(bytes=6, filename="i.jsonl", mime_type=JSONL, purpose="batch")
-    http = raw(world)
+    http = world_http(uploads_world)
     sent = [http.post(f"/v1/uploads/{up.id}/parts", files={"data": ("blob", b"abcdef")},
                       headers={"Idempotency-Key": "part-1"}) for _ in range(2)]
     assert [r.status_code for r in sent] == [200, 200]
@@ -473,8 +430,9 @@ def test_a_part_sent_again_with_its_idempotency_key_is_stored_once(
     assert done.file is not None and client.files.content(done.file.id).read() == b"abcdef"
 
 
-def test_unauthenticated_requests_are_refused(world: dict[str, Any]) -> None:
-    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=BASE)
+def test_unauthenticated_requests_are_refused(uploads_world: dict[str, Any]) -> None:
+    app = uploads_world["app"]
+    http = httpx2.Client(transport=httpx2.WSGITransport(app=app), base_url=WORLD_URL)
     r = http.post("/v1/uploads", json={"bytes": 1, "filename": "a", "mime_type": JSONL,
                                        "purpose": "batch"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

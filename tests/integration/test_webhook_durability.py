@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,28 +21,12 @@ from sqlalchemy import select
 from jobs.core.context import Context
 from jobs.core.webhook_tables import WebhookAttempt, WebhookDelivery, WebhookEvent
 from storage.embedded import EmbeddedRedis
-from tests.conftest import free_port
 from tests.helpers import jsonl, wait
-from tests.integration.test_backend_restarts import Database
 from tests.receiver import receiver
-from tests.stacks import running_stack, sdk_of
+from tests.stacks import Database, running_stack, sdk_of
 
 pytestmark = pytest.mark.slow
 READ_TIMEOUT_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    r = EmbeddedRedis(tmp_path_factory.mktemp("wbroker"), port=free_port())
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
-    db = Database(tmp_path_factory.mktemp("wdatabase") / "pg")
-    yield db
-    db.stop()
 
 
 @pytest.fixture(scope="module")
