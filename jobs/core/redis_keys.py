@@ -7,6 +7,8 @@ parser, never by slicing a string itself.
 
 from __future__ import annotations
 
+from kombu.transport.redis import Channel
+
 # Queues of the lanes that Redis carries -------------------------------------------------------
 
 REALTIME_QUEUE = "inferq:queue:realtime"  # + ":" + a name or name@version: its requests
@@ -22,6 +24,14 @@ def realtime_queue(model: str) -> str:
 def jobs_queue(model_ref: str) -> str:
     """The list that jobs for ``model_ref`` (``name@version``) wait on."""
     return f"{JOBS_QUEUE}:{model_ref}"
+
+
+def celery_lists(queue: str) -> list[str]:
+    """The lists kombu's Redis transport keeps a Celery queue in, one per priority step:
+    the queue's own name for step 0, ``<queue><sep><step>`` for the others (kombu's
+    separator and steps, read from kombu)."""
+    return [queue if step == 0 else f"{queue}{Channel.sep}{step}"
+            for step in Channel.priority_steps]
 
 
 def queued_model(queue: str | bytes) -> str:

@@ -30,8 +30,6 @@ from jobs.tenants import queries as tenant_queries
 
 WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 3600, 60, 86400
 MAX_BATCHES = 50
-# kombu's Redis transport keeps a queue's messages of priority p > 0 in "<queue>\x06\x16p".
-PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 _DIGITS = re.compile(r"[0-9]{1,6}")
 
 
@@ -87,8 +85,8 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     rt_keys = sorted(_keys(r, redis_keys.REALTIME_QUEUE + ":*")
                      | {redis_keys.realtime_queue(m) for w in heartbeats.live_workers(r, "realtime")
                         for m in w.get("resident", w.get("models", []))})
-    lane_keys = {q: sorted({q + suffix for suffix in PRIORITY_SUFFIXES}
-                           | _keys(r, q + ".*")) for q in CELERY_LANES}
+    lane_keys = {q: sorted({*redis_keys.celery_lists(q)} | _keys(r, q + ".*"))
+                 for q in CELERY_LANES}
     job_keys = sorted({redis_keys.JOBS_QUEUE} | _keys(r, redis_keys.JOBS_QUEUE + ":*"))
     with r.pipeline(transaction=False) as p:
         for q in CELERY_LANES:

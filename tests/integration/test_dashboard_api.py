@@ -20,6 +20,7 @@ from jobs.batches import service
 from jobs.batches.outputs import Tokens
 from jobs.core import redis_keys
 from jobs.core.context import Context
+from jobs.core.dispatch import make_celery
 from jobs.core.schema import Batch, now
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, heartbeats, registry
@@ -221,6 +222,18 @@ def test_queue_depths_and_workers_come_from_redis(own: Own) -> None:
     assert workers["control@host"]["breaker"] == "closed"
     assert workers["control@host"]["metrics_url"] is None
 
+
+def test_a_lanes_depth_counts_celery_messages_of_every_priority(own: Own) -> None:
+    """kombu keeps a Celery queue in one Redis list per priority step
+    (``redis_keys.celery_lists``); the flex lane's depth counts them all."""
+    celery = make_celery(own.ctx.settings)
+    for priority in (0, 3, 6, 9, 9):
+        celery.send_task("inferq.nothing", args=["x"], queue="flex", priority=priority)
+    lists = redis_keys.celery_lists("flex")
+    assert [own.r.llen(k) for k in lists] == [1, 1, 1, 2]
+    body = own.get("/v1/dashboard/overview", own.admin_key)
+    lanes = {(x["lane"], x["model"]): x["queue_depth"] for x in body["lanes"]}
+    assert lanes[("flex", None)] == 5
 
 def test_latencies_recorded_by_workers_are_read_back_per_minute(own: Own) -> None:
     rec = stats.Recorder()
