@@ -26,16 +26,13 @@ from __future__ import annotations
 import argparse
 import gc
 import io
-import multiprocessing
 import os
 import random
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import free_port, report, spread
-from bench.uploads import AWS, Peak, rss_tree, serve_s3
+from bench.common import report, spread
+from bench.uploads import AWS, Peak, backends, rss_tree
 
 MB = 1024 * 1024
 BUCKET = "bench-lake"
@@ -183,9 +180,7 @@ def main() -> None:
     ap.add_argument("--e2e", type=int, default=0, help="rows of the end-to-end batch")
     args = ap.parse_args()
 
-    import boto3
     import httpx2
-    from botocore.exceptions import EndpointConnectionError
     from openai import OpenAI
 
     from api.app import create_app
@@ -194,66 +189,43 @@ def main() -> None:
     from jobs.fleet import builtin_models, registry
     from jobs.tenants import auth
     from storage.db import migrate
-    from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
-    os.environ.update(AWS)
-    s3_port = free_port()
-    endpoint = f"http://127.0.0.1:{s3_port}"
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    moto = multiprocessing.get_context("spawn").Process(target=serve_s3, args=(s3_port,),
-                                                        daemon=True)
-    moto.start()
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pg")
-        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port())
-        try:
-            s3 = boto3.client("s3", endpoint_url=endpoint)
-            for attempt in range(100):
-                try:
-                    s3.create_bucket(Bucket=BUCKET)
-                    break
-                except EndpointConnectionError:  # the server is still starting
-                    if attempt == 99:
-                        raise
-                    time.sleep(0.2)
-            size = write_files(s3, args.files, args.rows)
-            st = Settings(data_dir=Path(tmp), database_url=pg.url, redis_url=redis.url,
-                          object_store_url=f"s3://{BUCKET}/inferq")
-            migrate(st.database_url)
-            app = create_app(st)
-            ctx = app.extensions["inferq"]
-            builtin_models.register_builtin_models(ctx)
-            # A registry row for the chat model the batch names (validation reads no
-            # weights; no worker runs these batches).
-            registry.register(ctx, "SmolLM2-135M-Instruct", "1", "chat", "bench",
-                              [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 2048)
-            project, key = auth.create_tenant(ctx, "bench")
-            locations.add(ctx, project, f"s3://{BUCKET}/", "read_write")
-            http = httpx2.Client(transport=httpx2.WSGITransport(app=app),
-                                 base_url="http://bench")
-            client = OpenAI(base_url="http://bench/v1", api_key=key, http_client=http,
-                            max_retries=0)
-            scan(endpoint)  # one-off costs: imports, clients, connections
-            # The objects made so far (this harness's, the app's) are no garbage: a full
-            # collection in a round must not walk them (a worker's heap is not this one).
-            gc.collect()
-            gc.freeze()
-            rss_before = rss_tree(os.getpid())
-            scan_t, ours_t, peaks = [], [], []
-            for _ in range(args.rounds):
-                took, n_scan = scan(endpoint)
-                scan_t.append(took)
-                with Peak(os.getpid()) as peak:
-                    took, n = inferq(ctx, client)
-                ours_t.append(took)
-                peaks.append(peak.peak)
-                assert n == n_scan == args.files * args.rows, (n, n_scan)
-            end = e2e(ctx, client, s3, endpoint, args.e2e) if args.e2e else None
-        finally:
-            redis.stop()
-            pg.stop()
-            moto.terminate()
-            moto.join(10)
+    with backends(BUCKET) as b:
+        os.environ["AWS_ENDPOINT_URL"] = b.endpoint
+        s3, endpoint = b.s3, b.endpoint
+        size = write_files(s3, args.files, args.rows)
+        st = Settings(data_dir=b.tmp, database_url=b.database_url, redis_url=b.redis_url,
+                      object_store_url=f"s3://{BUCKET}/inferq")
+        migrate(st.database_url)
+        app = create_app(st)
+        ctx = app.extensions["inferq"]
+        builtin_models.register_builtin_models(ctx)
+        # A registry row for the chat model the batch names (validation reads no
+        # weights; no worker runs these batches).
+        registry.register(ctx, "SmolLM2-135M-Instruct", "1", "chat", "bench",
+                          [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 2048)
+        project, key = auth.create_tenant(ctx, "bench")
+        locations.add(ctx, project, f"s3://{BUCKET}/", "read_write")
+        http = httpx2.Client(transport=httpx2.WSGITransport(app=app),
+                             base_url="http://bench")
+        client = OpenAI(base_url="http://bench/v1", api_key=key, http_client=http,
+                        max_retries=0)
+        scan(endpoint)  # one-off costs: imports, clients, connections
+        # The objects made so far (this harness's, the app's) are no garbage: a full
+        # collection in a round must not walk them (a worker's heap is not this one).
+        gc.collect()
+        gc.freeze()
+        rss_before = rss_tree(os.getpid())
+        scan_t, ours_t, peaks = [], [], []
+        for _ in range(args.rounds):
+            took, n_scan = scan(endpoint)
+            scan_t.append(took)
+            with Peak(os.getpid()) as peak:
+                took, n = inferq(ctx, client)
+            ours_t.append(took)
+            peaks.append(peak.peak)
+            assert n == n_scan == args.files * args.rows, (n, n_scan)
+        end = e2e(ctx, client, s3, endpoint, args.e2e) if args.e2e else None
     total = args.files * args.rows
     ratios = [s / o for s, o in zip(scan_t, ours_t, strict=True)]
     rows = [["scan: pyarrow.dataset over S3, rows/s", spread([total / t for t in scan_t])],

@@ -25,6 +25,7 @@ whole lines, just over N MB.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import subprocess
@@ -32,6 +33,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,55 @@ def serve_s3(port: int) -> None:
     while True:
         time.sleep(3600)
 
+
+
+@dataclass
+class Backends:
+    """What a benchmark's run stands on: a temporary folder, moto's S3 server (its
+    endpoint, a boto3 client, the bucket made) and an embedded PostgreSQL and Redis."""
+
+    tmp: Path
+    endpoint: str
+    s3: Any
+    database_url: str
+    redis_url: str
+
+
+@contextlib.contextmanager
+def backends(bucket: str) -> Iterator[Backends]:
+    """moto's S3 server in a spawned process of its own (neither side's client shares its
+    interpreter) with ``bucket`` made, a PostgreSQL and a Redis of their own; all
+    stopped, and the folder removed, on the way out."""
+    import boto3
+    from botocore.exceptions import EndpointConnectionError
+
+    from storage.embedded import EmbeddedPostgres, EmbeddedRedis
+
+    os.environ.update(AWS)
+    s3_port = free_port()
+    endpoint = f"http://127.0.0.1:{s3_port}"
+    moto = multiprocessing.get_context("spawn").Process(target=serve_s3, args=(s3_port,),
+                                                        daemon=True)
+    moto.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        pg = EmbeddedPostgres(Path(tmp) / "pg")
+        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port())
+        try:
+            s3 = boto3.client("s3", endpoint_url=endpoint)
+            for attempt in range(100):
+                try:
+                    s3.create_bucket(Bucket=bucket)
+                    break
+                except EndpointConnectionError:  # the server is still starting
+                    if attempt == 99:
+                        raise
+                    time.sleep(0.2)
+            yield Backends(Path(tmp), endpoint, s3, pg.url, redis.url)
+        finally:
+            redis.stop()
+            pg.stop()
+            moto.terminate()
+            moto.join(10)
 
 def write_jsonl(path: Path, size_mb: int) -> int:
     """Whole lines of embeddings requests until the file holds at least ``size_mb`` MB."""
@@ -167,8 +219,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    import boto3
-    from botocore.exceptions import EndpointConnectionError
     from openai import OpenAI
 
     from cli.command_lines import api_command
@@ -176,37 +226,20 @@ def main() -> None:
     from jobs.core.settings import Settings
     from jobs.tenants import auth
     from storage.db import migrate
-    from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 
-    os.environ.update(AWS)
-    s3_port, api_port = free_port(), free_port()
-    endpoint = f"http://127.0.0.1:{s3_port}"
-    moto = multiprocessing.get_context("spawn").Process(target=serve_s3, args=(s3_port,),
-                                                        daemon=True)
-    moto.start()
+    api_port = free_port()
     api: subprocess.Popen[bytes] | None = None
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pg")
-        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port())
+    with backends(BUCKET) as b:
         try:
-            s3 = boto3.client("s3", endpoint_url=endpoint)
-            for attempt in range(100):
-                try:
-                    s3.create_bucket(Bucket=BUCKET)
-                    break
-                except EndpointConnectionError:  # the server is still starting
-                    if attempt == 99:
-                        raise
-                    time.sleep(0.2)
-            st = Settings(data_dir=Path(tmp), database_url=pg.url, redis_url=redis.url,
+            st = Settings(data_dir=b.tmp, database_url=b.database_url, redis_url=b.redis_url,
                           object_store_url=f"s3://{BUCKET}/inferq", api_port=api_port)
             migrate(st.database_url)
             ctx = Context(st)
             key = auth.create_tenant(ctx, "bench")[1]
             ctx.close()
-            env = {**os.environ, **st.to_env(), **AWS, "AWS_ENDPOINT_URL": endpoint,
+            env = {**os.environ, **st.to_env(), **AWS, "AWS_ENDPOINT_URL": b.endpoint,
                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-            with (Path(tmp) / "api.log").open("ab") as log:
+            with (b.tmp / "api.log").open("ab") as log:
                 api = subprocess.Popen(api_command("127.0.0.1", api_port), env=env,
                                        stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
@@ -214,16 +247,16 @@ def main() -> None:
             client = OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key=key,
                             max_retries=0, timeout=600)
 
-            path = Path(tmp) / "input.jsonl"
+            path = b.tmp / "input.jsonl"
             size = write_jsonl(path, args.n)
-            warm = Path(tmp) / "warm.jsonl"
+            warm = b.tmp / "warm.jsonl"
             write_jsonl(warm, 8)
             api_upload(client, warm)  # one-off costs: imports, clients, connections
-            raw_upload(s3, warm, "warm")
+            raw_upload(b.s3, warm, "warm")
             rss_before = rss_tree(api.pid)
             raw_t, api_t, raw_last, api_last, peaks = [], [], [], [], []
             for i in range(args.rounds):
-                took, last = raw_upload(s3, path, f"raw-{i}")
+                took, last = raw_upload(b.s3, path, f"raw-{i}")
                 raw_t.append(took)
                 raw_last.append(last)
                 with Peak(api.pid) as peak:
@@ -235,10 +268,6 @@ def main() -> None:
             if api is not None:
                 api.terminate()
                 api.wait(30)
-            redis.stop()
-            pg.stop()
-            moto.terminate()
-            moto.join(10)
     mbs = size / MB
     ratios = [r / a for r, a in zip(raw_t, api_t, strict=True)]
     rows = [["raw: boto3 multipart upload (64 MB parts), MB/s", spread([mbs / t for t in raw_t])],
