@@ -126,7 +126,6 @@ def run_in_process(ctx: Any, batch_id: str, minilm: Any, engine: Any) -> None:
     finalize.finalize_batch(ctx, batch_id)
 
 
-
 def as_key(app: Any, key: str | None) -> Any:
     """A Flask test client of ``app`` that sends ``key`` (none: no Authorization)."""
     c = app.test_client()
@@ -149,23 +148,23 @@ def submit_batch(c: Any, rows: int = 1) -> str:
 WORLD_URL = "http://inferq.test"  # an app called in this process (httpx's WSGI transport)
 
 
-def world_sdk(world: dict[str, Any], key: str | None = None) -> Any:
-    """The SDK in strict response validation on a world's app (``world["app"]``), with
-    the world's project key unless ``key``."""
-    import httpx2
-    from openai import OpenAI
-
-    http = httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=WORLD_URL)
-    return OpenAI(base_url=f"{WORLD_URL}/v1", api_key=key or world["key"], http_client=http,
-                  _strict_response_validation=True, max_retries=0)
-
-
 def world_http(world: dict[str, Any], key: str | None = None) -> Any:
-    """A bare HTTP client of a world's app, sending its project key unless ``key``."""
+    """A bare HTTP client of a world's app (``world["app"]``), sending the world's
+    project key unless ``key``."""
     import httpx2
 
     return httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=WORLD_URL,
                          headers={"Authorization": f"Bearer {key or world['key']}"})
+
+
+def world_sdk(world: dict[str, Any], key: str | None = None) -> Any:
+    """The SDK in strict response validation on a world's app, with the world's project
+    key unless ``key``."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{WORLD_URL}/v1", api_key=key or world["key"],
+                  http_client=world_http(world, key), _strict_response_validation=True,
+                  max_retries=0)
 
 
 def api_error(e: Any) -> dict[str, Any]:
@@ -176,7 +175,9 @@ def api_error(e: Any) -> dict[str, Any]:
     err: dict[str, Any] = body["error"]
     return err
 
+
 # What the failure matrix checks after a batch ran through a fault ---------------------
+
 
 def shards(ctx: Any, batch_id: str) -> list[Shard]:
     """A batch's shards' rows, in their order."""
