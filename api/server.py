@@ -14,6 +14,10 @@ edge for everyone:
 - every protocol-level refusal (a malformed request line, header or chunk, a header
   over the limit, a timeout) in the OpenAI error shape, never gunicorn's HTML.
 
+On SIGTERM the requests in flight have gunicorn's graceful timeout to finish, and the
+connections waiting for a request close at once: an idle keep-alive connection would
+otherwise hold the stop for the whole timeout.
+
 Its settings come from ``INFERQ_*`` like everything else (``jobs.core.settings``).
 """
 
@@ -177,12 +181,19 @@ class EdgeWorker(GeventWorker):
         st = Settings.from_env()
         self.edge = st
         self.conns = Connections(st.api_max_connections, st.api_max_connections_per_client)
+        self.waiting: set[gevent.Greenlet] = set()  # connections between requests
         limit = raise_open_files_limit()
         if limit < st.api_max_connections + 256:
             self.log.warning("open files limit %s is below INFERQ_API_MAX_CONNECTIONS (%s): "
                              "connections past it fail to be accepted", limit,
                              st.api_max_connections)
         super().init_process()
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: stop serving, and close the connections that wait for a request
+        (their greenlets end; a request in flight is not among them)."""
+        super().handle_exit(sig, frame)
+        gevent.spawn(gevent.killall, list(self.waiting), block=False)
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -264,15 +275,19 @@ class EdgeWorker(GeventWorker):
         except (perr.ParseException, perr.NoMoreData):
             return False
 
-    @staticmethod
-    def _arrives(parser: Any, client: Any, timeout: float) -> bool:
-        """Whether a request's first byte is here, or arrives within ``timeout``."""
+    def _arrives(self, parser: Any, client: Any, timeout: float) -> bool:
+        """Whether a request's first byte is here, or arrives within ``timeout``; the
+        wait ends with the worker (``handle_exit``)."""
         if parser.unreader.buf.getbuffer().nbytes:
             return True  # pipelined behind the last request
+        me = gevent.getcurrent()
+        self.waiting.add(me)
         try:
             wait_read(client.fileno(), timeout=timeout)
         except TimeoutError:
             return False
+        finally:
+            self.waiting.discard(me)
         return True
 
     def _refuse(self, client: Any, status: int, message: str, code: str | None) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
@@ -206,6 +209,34 @@ def test_idle_connections_are_closed(edge: tuple[Stack, list[str]]) -> None:
         kept.sendall(models(keys[0]))
         assert read_response(kept)[0] == 200
         assert closed(silent, within=5) and closed(kept, within=5)
+
+
+def test_a_stop_closes_waiting_connections_at_once_and_finishes_a_request_in_flight(
+        edge: tuple[Stack, list[str]], tmp_path: Path) -> None:
+    """SIGTERM: a keep-alive connection waiting for its next request closes at once,
+    not at gunicorn's graceful timeout (10 s), and a request whose body is still coming
+    is answered. A second API on the edge's backends, with the default keep-alive."""
+    first, keys = edge
+    stack = Stack(first.settings, port=free_port(), log_dir=tmp_path / "logs",
+                  extra_env={**AWS_ENV, "AWS_ENDPOINT_URL": first.extra_env["AWS_ENDPOINT_URL"]})
+    try:
+        stack.start(workers=False)
+        api = stack.procs["api"]
+        with connect(stack) as idle, connect(stack) as busy:
+            idle.sendall(models(keys[0]))
+            assert read_response(idle)[0] == 200
+            body = b'{"model": "no-such-model", "input": "in flight"}'
+            busy.sendall(post_head("/v1/embeddings", keys[0],
+                                   f"Content-Length: {len(body)}\r\n") + body[:10])
+            time.sleep(0.5)  # the head is parsed: the request is in flight
+            os.killpg(api.pid, signal.SIGTERM)
+            assert closed(idle, within=5)
+            busy.sendall(body[10:])
+            assert assert_openai_error(*read_response(busy), 400)["code"] == "model_not_found"
+            assert closed(busy, within=5)
+            api.wait(timeout=8)
+    finally:
+        stack.stop()
 
 
 def test_hundreds_of_slow_and_idle_clients_do_not_stop_the_api(edge: tuple[Stack, list[str]]
