@@ -33,6 +33,9 @@ def _openai_message(exc: BaseException) -> str | None:
         if _is_admin(exc):
             return f"the API refused the admin key ({_api_text(exc)}): {ADMIN_KEY_HINT}"
         return f"the API refused the API key ({_api_text(exc)}): {KEY_HINT}"
+    if isinstance(exc, openai.NotFoundError) and not _under_v1(exc):
+        return (f"the API has no route {exc.request.url.path} (HTTP 404): its routes are "
+                "under /v1; pass the …/v1 base URL as --api-url (INFERQ_API_URL)")
     if isinstance(exc, openai.APIStatusError):
         return f"{_api_text(exc)} (HTTP {exc.status_code})"
     if isinstance(exc, openai.APIError):
@@ -83,6 +86,15 @@ def _is_admin(exc: Any) -> bool:
         return "/organization/" in exc.request.url.path
     except RuntimeError:  # no request attached
         return False
+
+
+def _under_v1(exc: Any) -> bool:
+    """Whether the request went to a /v1 route (an --api-url without /v1 sends it
+    elsewhere); True when no request is attached."""
+    try:
+        return "/v1/" in exc.request.url.path
+    except RuntimeError:
+        return True
 
 
 def _base(exc: Any) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from click.testing import CliRunner, Result
 
@@ -413,6 +415,20 @@ def test_watch_errors_are_one_line(run, events_api, monkeypatch: pytest.MonkeyPa
 
 
 # errors from this machine -------------------------------------------------------------
+
+
+def test_a_404_outside_v1_says_the_api_url_ends_in_v1() -> None:
+    def not_found(url: str) -> openai.NotFoundError:
+        response = httpx.Response(404, request=httpx.Request("GET", url),
+                                  json={"error": {"message": "Not Found", "type": "x"}})
+        return openai.NotFoundError("Not Found", response=response,
+                                    body={"message": "Not Found", "type": "x"})
+
+    hinted = user_message(not_found("http://127.0.0.1:8000/batches/batch_1"))
+    assert hinted == ("the API has no route /batches/batch_1 (HTTP 404): its routes are under "
+                      "/v1; pass the …/v1 base URL as --api-url (INFERQ_API_URL)")
+    assert user_message(not_found("http://127.0.0.1:8000/v1/batches/batch_1")) == \
+        "Not Found (HTTP 404)"
 
 
 def test_local_errors_are_one_line() -> None:
