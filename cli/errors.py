@@ -34,7 +34,7 @@ def _openai_message(exc: BaseException) -> str | None:
             return f"the API refused the admin key ({_api_text(exc)}): {ADMIN_KEY_HINT}"
         return f"the API refused the API key ({_api_text(exc)}): {KEY_HINT}"
     if isinstance(exc, openai.NotFoundError) and not _under_v1(exc):
-        return (f"the API has no route {exc.request.url.path} (HTTP 404): its routes are "
+        return (f"the API has no route {_path(exc)} (HTTP 404): its routes are "
                 "under /v1; pass the …/v1 base URL as --api-url (INFERQ_API_URL)")
     if isinstance(exc, openai.APIStatusError):
         return f"{_api_text(exc)} (HTTP {exc.status_code})"
@@ -80,21 +80,24 @@ def _api_text(exc: Any) -> str:
     return str(exc.message)
 
 
+def _path(exc: Any) -> str | None:
+    """The refused request's URL path; None when no request is attached."""
+    try:
+        return str(exc.request.url.path)
+    except RuntimeError:
+        return None
+
+
 def _is_admin(exc: Any) -> bool:
     """Whether the refused request went to the Admin API (/v1/organization/...)."""
-    try:
-        return "/organization/" in exc.request.url.path
-    except RuntimeError:  # no request attached
-        return False
+    return "/organization/" in (_path(exc) or "")
 
 
 def _under_v1(exc: Any) -> bool:
     """Whether the request went to a /v1 route (an --api-url without /v1 sends it
     elsewhere); True when no request is attached."""
-    try:
-        return "/v1/" in exc.request.url.path
-    except RuntimeError:
-        return True
+    path = _path(exc)
+    return path is None or "/v1/" in path
 
 
 def _base(exc: Any) -> str:
