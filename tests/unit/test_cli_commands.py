@@ -414,9 +414,6 @@ def test_watch_errors_are_one_line(run, events_api, monkeypatch: pytest.MonkeyPa
              "cannot reach the inferq API", unreachable)
 
 
-# errors from this machine -------------------------------------------------------------
-
-
 def test_a_404_outside_v1_says_the_api_url_ends_in_v1() -> None:
     def not_found(url: str) -> openai.NotFoundError:
         response = httpx.Response(404, request=httpx.Request("GET", url),
@@ -429,6 +426,9 @@ def test_a_404_outside_v1_says_the_api_url_ends_in_v1() -> None:
                       "/v1; pass the …/v1 base URL as --api-url (INFERQ_API_URL)")
     assert user_message(not_found("http://127.0.0.1:8000/v1/batches/batch_1")) == \
         "Not Found (HTTP 404)"
+
+
+# errors from this machine -------------------------------------------------------------
 
 
 def test_local_errors_are_one_line() -> None:
