@@ -59,6 +59,18 @@ class Database:
         finally:
             s.close()
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read-only session whose statements all see one snapshot of the database
+        (REPEATABLE READ): reads of related rows in two statements agree, where under
+        the default READ COMMITTED a commit between them would be seen by the second
+        only."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ",
+                                          postgresql_readonly=True)
+            with Session(bind=conn) as s:  # closing ends the transaction, keeps what was read
+                yield s
+
     def dispose(self) -> None:
         self.engine.dispose()
 

@@ -22,7 +22,8 @@ current when it is sent: after a reconnect, the counts of the latest state.
 Changes are seen by polling PostgreSQL: each API process reads every batch its
 streams follow in one short read per interval (the batch rows by their keys and their
 shards' sums by the ``(batch_id, index)`` index, :class:`Watcher`), each poll in a
-session of its own, so an open stream holds no connection and costs no query. PostgreSQL
+read-only snapshot of its own (rows and sums as of one moment: what finalize commits
+together is seen together), so an open stream holds no connection and costs no query. PostgreSQL
 is where the counts and statuses are committed, so a poll can never see a change that
 is later lost, or miss one: a notification channel (Redis pub/sub) would need a
 publish at every checkpoint and every status change, a subscription per stream, and
@@ -148,8 +149,9 @@ class Event:
 
 
 def read(ctx: Context, tenant_id: str, batch_id: str) -> Snapshot:
-    """The batch's current state, in a session that ends before this returns."""
-    with ctx.db.session() as s:
+    """The batch's current state (its row and its shards' sums as of one moment), in a
+    session that ends before this returns."""
+    with ctx.db.snapshot() as s:
         b = repo.get_batch(s, tenant_id, batch_id)
         if b is None:
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
@@ -293,9 +295,9 @@ class Watcher:
 
 
 def read_many(ctx: Context, keys: list[Key]) -> dict[Key, Snapshot]:
-    """The current state of each batch named, in one session (a batch of another
-    project than its key's is not read)."""
-    with ctx.db.session() as s:
+    """The current state of each batch named, rows and sums as of one moment (a batch of
+    another project than its key's is not read)."""
+    with ctx.db.snapshot() as s:
         batches = repo.get_batches(s, [b for _, b in keys])
         sums = repo.shard_sums(s, [b.id for b in batches])
     wanted = set(keys)

@@ -172,6 +172,28 @@ class Reader:
         return out
 
 
+def test_a_poll_reads_a_batch_and_its_shards_as_of_one_moment(own: Own) -> None:
+    """Finalize commits a shard's last counts and the batch's terminal status together;
+    a poll that reads the batch row and then the shards' sums sees both or neither, even
+    when that commit lands between its two reads (under READ COMMITTED the second read
+    would see the new counts beside the old status: a progress event too many)."""
+    batch_id, shard_id = own.batch(rows=100)
+    key = (own.tenant_id, batch_id)
+    with own.ctx.db.snapshot() as s:
+        (b,) = repo.get_batches(s, [batch_id])
+        with own.ctx.db.session() as w:  # finalize, between the poll's two reads
+            sh = w.get(Shard, shard_id)
+            assert sh is not None
+            sh.status, sh.failed = "cancelled", 100
+            wb = repo.get_batch(w, None, batch_id, lock=True)
+            assert wb is not None
+            wb.status, wb.cancelled_at = "cancelled", now()
+        sums = repo.shard_sums(s, [batch_id])
+    assert b.status == "validating" and sums[batch_id].failed == 0
+    after = progress.read_many(own.ctx, [key])[key]
+    assert (after.status, after.done) == ("cancelled", 100)
+
+
 def test_a_stream_follows_the_batch_step_by_step(own: Own) -> None:
     batch_id, shard_id = own.batch(rows=100)
     r = Reader(own, batch_id)
@@ -203,11 +225,16 @@ def test_a_stream_follows_the_batch_step_by_step(own: Own) -> None:
         assert pool.checkedout() == 0  # type: ignore[attr-defined]
     service.cancel_batch(own.ctx, own.tenant_id, batch_id)  # the shard is running: no finalize
     seen.append(r.next_event())
-    with own.ctx.db.session() as s:  # what finalize does when the shard has stopped
+    # What finalize does when the shard has stopped, in one transaction: the stream's
+    # poll sees both or neither (two writes would let a poll between them see the
+    # counts move under "cancelling", one event more than this test expects).
+    with own.ctx.db.session() as s:
         sh = s.get(Shard, shard_id)
         assert sh is not None
         sh.status, sh.failed = "cancelled", sh.failed + 30
-    own.set(batch_id, status="cancelled", cancelled_at=now())
+        b = repo.get_batch(s, None, batch_id, lock=True)
+        assert b is not None
+        b.status, b.cancelled_at = "cancelled", now()
     seen.append(r.next_event())
     assert r.next() is None  # the stream ends after the terminal status
 
