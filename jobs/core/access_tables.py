@@ -69,6 +69,9 @@ class RateLimit(Base):
     max_requests_per_1_day: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     batch_1_day_max_input_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     max_concurrent_streams: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # n x max_tokens one realtime generation may reserve (jobs.tenants.limits)
+    max_tokens_per_realtime_request: Mapped[int | None] = mapped_column(BigInteger,
+                                                                        nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
 
@@ -86,3 +89,20 @@ class DataLocation(Base):
 
     __table_args__ = (Index("ix_data_locations_tenant_id_uri", "tenant_id", "uri",
                             unique=True),)
+
+
+class OutputReservation(Base):
+    """The output dataset prefix a batch writes (``uri``, ending in ``/``; a file:// one
+    by its real path), held from its creation until it ends
+    (jobs/batches/output_reservations.py): no two batches that have not ended hold the
+    same prefix, nor one inside the other. The row of a batch that has ended holds
+    nothing (and is dropped by the next reservation)."""
+
+    __tablename__ = "output_reservations"
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    uri: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+    __table_args__ = (Index("ix_output_reservations_uri", "uri"),)

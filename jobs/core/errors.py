@@ -103,6 +103,17 @@ class ModelNotLoaded(Unavailable, code="model_not_loaded"):
         self.param = "model"
 
 
+class ModelLoading(Unavailable, code="model_loading"):
+    """A realtime request whose version was still being loaded when its wait for a
+    worker ended: taken back, the client retries once the load is done."""
+
+    def __init__(self, ref: str, waited_s: float, retry_after: int = 5) -> None:
+        super().__init__(f"{ref} is being loaded on a worker (a cold start); it was not "
+                         f"ready within {waited_s:.0f} s: retry in a few seconds",
+                         retry_after)
+        self.param = "model"
+
+
 def shown(value: Any, limit: int = 80) -> str:
     """Client-sent data for a message: cut to ``limit`` characters and escaped as
     ``repr`` escapes (no NUL or control character reaches a log or the database); a

@@ -58,6 +58,31 @@ def stream(request_id: str) -> str:
     return f"inferq:stream:{request_id}"
 
 
+# Realtime requests taken by workers (jobs.realtime.taken) ------------------------------
+
+REALTIME_TAKEN = "inferq:realtime:taken:"  # + a worker's name: what it took, not yet answered
+REALTIME_STARTED = "inferq:realtime:started:"  # + a worker's name: ids handed to its engine
+REALTIME_LEASE = "inferq:realtime:lease:"  # + a worker's name: present while it lives
+REALTIME_TAKERS = "inferq:realtime:takers"  # set: workers that may hold taken requests
+
+
+def realtime_taken(worker: str) -> str:
+    """The list of the requests ``worker`` took from the realtime queues and has not
+    answered yet (each entry: the queue it came from and the message as pushed)."""
+    return REALTIME_TAKEN + worker
+
+
+def realtime_started(worker: str) -> str:
+    """The set of the ids of ``worker``'s taken requests that went to its engine: those
+    are never given to another worker (its answer may have begun)."""
+    return REALTIME_STARTED + worker
+
+
+def realtime_lease(worker: str) -> str:
+    """Present (expiring) while ``worker``'s realtime lane lives."""
+    return REALTIME_LEASE + worker
+
+
 # Workers --------------------------------------------------------------------------------------
 
 WORKERS = "inferq:workers:"  # + a worker's name: its heartbeat (JSON), expiring

@@ -163,7 +163,9 @@ class Shard(Base):
     Claimed under a lease; ``lease_token`` fences every checkpoint so a worker
     whose lease was taken over can no longer write. ``chunks_done`` is the
     checkpoint: output parts ``0..chunks_done-1`` are committed, each by the attempt
-    ``part_attempts`` names for it.
+    ``part_attempts`` names for it; ``rows_done`` rows are committed, which ones
+    ``done_rows`` says (a chunk is a commit: of the next rows in order for
+    embeddings, of the rows that finished since the last commit for generation).
     """
 
     __tablename__ = "shards"
@@ -202,6 +204,10 @@ class Shard(Base):
     # A chunk missing here was committed before attempts were recorded (old key layout).
     part_attempts: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     rows_done: Mapped[int] = mapped_column(Integer, default=0)
+    # Which rows are committed, when not the prefix ``[0, rows_done)``: a generation
+    # shard commits rows as they finish, out of order; their positions as sorted
+    # ``[start, end)`` ranges (jobs/batches/done_rows.py). NULL: the prefix.
+    done_rows: Mapped[list[Any] | None] = mapped_column(JSONB, nullable=True)
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     # Usage of the committed output lines: prompt and generated tokens apart.

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     max_line_bytes: int = 4 * 1024**2
     max_requests_per_batch: int = 5_000_000
     max_embedding_inputs: int = 2048
+    # A generation request's prompt text (its messages', prompt's or input's UTF-8 bytes)
+    # is refused where it is parsed (400 context_length_exceeded), before it is queued or
+    # tokenized, above its model's context length times prompt_bytes_per_token (a token
+    # is rarely more than 16 bytes of text) and always above max_prompt_bytes.
+    prompt_bytes_per_token: int = Field(default=16, ge=1)
+    max_prompt_bytes: int = Field(default=4 * 1024**2, ge=1)
 
     # Batch execution.
     shard_rows: int = 1000
@@ -64,6 +70,9 @@ class Settings(BaseSettings):
     # committed; then its rows are dropped from the engine and the shard is handed back
     # from its last checkpoint (a long generation never holds a shutdown up).
     drain_s: float = Field(default=20.0, ge=0)
+    # A generation shard commits the rows that finished at least this often (its rows
+    # finish out of order and one chunk of them can outlast a spot notice).
+    generation_commit_s: float = Field(default=3.0, gt=0)
     # The batch lanes' scaling signal (jobs/slo/backlog.py, inferq_desired_workers{lane=
     # "batch"|"flex"}) measures each model's rows per second per worker on the shards
     # of batches in progress; until a shard of the model has committed a chunk, a
@@ -211,6 +220,9 @@ class Settings(BaseSettings):
     default_max_requests_per_1_day: int = Field(default=0, ge=0)
     default_batch_1_day_max_input_tokens: int = Field(default=0, ge=0)
     default_max_concurrent_streams: int = Field(default=0, ge=0)
+    # The tokens one realtime generation may reserve: its sequences (n, or best_of) x
+    # its max_tokens (by default what its prompt leaves of the context); over it, a 400.
+    default_max_tokens_per_realtime_request: int = Field(default=131072, ge=0)
     # Tokens a generation that names no max_tokens reserves for its output (corrected
     # to the real count when it ends).
     rate_limit_default_max_tokens: int = Field(default=1024, ge=1)
