@@ -15,6 +15,11 @@ outputs written where the data team reads them. Listing a bucket that does not e
 raises ``NoBucket``, one the service's credentials may not list ``AccessDenied``.
 Listings and pinned reads share one S3 client per process for the endpoint and
 credentials the environment names (``s3_client``).
+
+A file:// dataset never leaves its data location (storage.localfs): it is listed by
+its real path below the location's, a symbolic link, FIFO, socket or device it names
+is refused (never followed nor opened), and its files and output directories are
+opened one component at a time without following links.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
+from storage import localfs
+from storage.local_listing import glob_regex, hidden, list_local, local_etag, one_local
 from storage.objects import CHUNK, LocalStore, ObjectStore
 from storage.s3_store import S3Store
 
@@ -51,6 +59,11 @@ class SourceChanged(Exception):
 
 class BadLocation(ValueError):
     """A URI this module cannot read or write (its scheme, its form)."""
+
+
+class NotFollowed(BadLocation):
+    """A file:// URI that passes through a symbolic link below its data location, or
+    names a link, a FIFO, a socket or a device: never followed, never opened."""
 
 
 class NoBucket(Exception):
@@ -124,41 +137,6 @@ class SourceObject:
     etag: str
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            end = pattern.find("]", i + 1)
-            if end < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1:end]
-                neg = body.startswith("!")
-                out.append("[" + ("^" if neg else "") + re.escape(body[1 if neg else 0:]) + "]")
-                i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out))
-
-
-def _hidden(key: str, base: str) -> bool:
-    """A marker or hidden object under ``base``: some segment below it starts with
-    ``_`` or ``.``."""
-    rest = key[len(base):] if key.startswith(base) else key.rsplit("/", 1)[-1]
-    return any(seg[:1] in ("_", ".") for seg in rest.split("/") if seg)
-
-
 def s3_client() -> Any:
     """This process's S3 client for the endpoint and credentials the environment names:
     made on first use, then shared by every listing and pinned read (a client per call
@@ -195,14 +173,40 @@ def _refusals(loc: Location) -> Iterator[None]:
         raise
 
 
-def list_objects(loc: Location, limit: int) -> list[SourceObject]:
+def local_real(loc: Location, root: Location | None = None) -> Location:
+    """A file:// location as its real path below ``root`` (the project's data location
+    it lies in; without one, the directory its listing starts from): ``root``'s own
+    links are resolved, and BadLocation names any existing component below it that
+    is a symbolic link (storage.localfs.real_under). An S3 location as it is."""
+    if loc.scheme != "file":
+        return loc
+    base = root.key if root is not None else _base(loc)
+    try:
+        return Location("file", "", localfs.real_under(base or "/", loc.key))
+    except localfs.UnsafePath as e:
+        raise NotFollowed(f"{loc.uri}: {e}") from None
+
+
+def _base(loc: Location) -> str:
+    """The key a listing of ``loc`` starts from: the part before a glob's first wildcard
+    up to its last ``/``; a prefix itself; one object's directory."""
+    head = GLOB_CHARS.split(loc.key, 1)[0] if loc.is_glob else loc.key
+    return head if head.endswith("/") and not loc.is_glob else head[:head.rfind("/") + 1]
+
+
+def list_objects(loc: Location, limit: int, root: Location | None = None) -> list[SourceObject]:
     """The objects ``loc`` names, sorted by key, at most ``limit`` (BadLocation past it).
     None found is an empty list (the caller says so in its terms); NoBucket and
-    AccessDenied when S3 refuses the listing."""
+    AccessDenied when S3 refuses the listing. A file:// location is listed by its real
+    path below ``root`` (``local_real``), and the objects carry their real paths; a
+    symbolic link, a FIFO, a socket or a device among what it names is refused
+    (NotFollowed naming it), never followed or opened."""
+    if loc.scheme == "file":
+        loc = local_real(loc, root)
     if loc.is_glob:
         head = GLOB_CHARS.split(loc.key, 1)[0]
         base = head[:head.rfind("/") + 1]
-        match = _glob_regex(loc.key)
+        match = glob_regex(loc.key)
     else:
         base, match = loc.key, None
     prefix_listing = match is not None or loc.key.endswith("/") or not loc.key
@@ -210,14 +214,18 @@ def list_objects(loc: Location, limit: int) -> list[SourceObject]:
         with _refusals(loc):
             found = _list_s3(loc.bucket, base, limit)
     else:
-        found = _list_local(base, limit)
+        try:
+            found = (list_local(base, loc.key if match is not None else None, limit)
+                     if prefix_listing else one_local(loc.key))
+        except localfs.UnsafePath as e:
+            raise NotFollowed(str(e)) from None
     out: list[SourceObject] = []
     for key, size, etag in found:
         if match is not None:
-            if not match.fullmatch(key) or _hidden(key, base):
+            if not match.fullmatch(key) or hidden(key, base):
                 continue
         elif prefix_listing:
-            if _hidden(key, base):
+            if hidden(key, base):
                 continue
         elif key != loc.key:  # one object: a prefix match is not it
             continue
@@ -231,14 +239,23 @@ def list_objects(loc: Location, limit: int) -> list[SourceObject]:
 
 
 def holds_objects(loc: Location) -> bool:
-    """Whether anything lies under the prefix ``loc`` names (markers included);
-    NoBucket and AccessDenied when S3 refuses the listing."""
+    """Whether anything lies under the prefix ``loc`` names (markers, links, FIFOs
+    included; a local directory's links are not walked into); NoBucket and
+    AccessDenied when S3 refuses the listing."""
     if loc.scheme == "s3":
         with _refusals(loc):
             r = s3_client().list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
         return bool(r.get("KeyCount") or r.get("Contents"))
-    root = Path(loc.key)
-    return root.is_dir() and any(f for _d, _s, f in os.walk(root))
+    try:
+        st = os.lstat(loc.key)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True  # a link or a file where the prefix's directory would be
+    for dirpath, dirs, files in os.walk(loc.key):  # links to directories: not followed
+        if files or any(os.path.islink(os.path.join(dirpath, d)) for d in dirs):
+            return True
+    return False
 
 
 def _list_s3(bucket: str, prefix: str, limit: int) -> list[tuple[str, int, str]]:
@@ -248,26 +265,6 @@ def _list_s3(bucket: str, prefix: str, limit: int) -> list[tuple[str, int, str]]
         for o in page.get("Contents", []):
             out.append((o["Key"], int(o["Size"]), o["ETag"]))
         if len(out) > 10 * limit + 1000:  # enough to know the limit is passed
-            break
-    return sorted(out)
-
-
-def _local_etag(st: os.stat_result) -> str:
-    return f'"{st.st_mtime_ns:x}-{st.st_size:x}"'
-
-
-def _list_local(prefix: str, limit: int) -> list[tuple[str, int, str]]:
-    root = Path(prefix if prefix.endswith("/") else prefix.rsplit("/", 1)[0] or "/")
-    if not root.is_dir():
-        return []
-    out: list[tuple[str, int, str]] = []
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            p = os.path.join(dirpath, name)
-            if p.startswith(prefix):
-                st = os.stat(p)
-                out.append((p, st.st_size, _local_etag(st)))
-        if len(out) > 10 * limit + 1000:
             break
     return sorted(out)
 
@@ -335,19 +332,24 @@ class _PinnedS3(io.RawIOBase):
 
 class _PinnedLocal(io.FileIO):
     """A local file, checked against its listed modification time and size on open
-    and on close (a rewrite in between is SourceChanged)."""
+    and on close (a rewrite in between is SourceChanged). Its listed path is a real
+    one: it is opened from ``/`` without following a link, and only if it is still a
+    regular file (a link or a FIFO put in its place is SourceChanged, never read)."""
 
     def __init__(self, obj: SourceObject) -> None:
         self.obj = obj
         self.path = parse(obj.uri).key
         try:
-            super().__init__(self.path, "rb")
-        except FileNotFoundError:
+            fd = localfs.open_file(self.path)
+        except (FileNotFoundError, NotADirectoryError):
             raise SourceChanged(f"{obj.uri} was deleted after it was listed") from None
+        except localfs.UnsafePath as e:
+            raise SourceChanged(f"{obj.uri} changed after it was listed: {e}") from None
+        super().__init__(fd, "rb", closefd=True)
         self._check()
 
     def _check(self) -> None:
-        if _local_etag(os.fstat(self.fileno())) != self.obj.etag:
+        if local_etag(os.fstat(self.fileno())) != self.obj.etag:
             raise SourceChanged(f"{self.obj.uri} changed after it was listed")
 
     def close(self) -> None:
@@ -367,9 +369,13 @@ def open_pinned(obj: SourceObject, client: Any = None) -> IO[bytes]:
 
 
 def destination(loc: Location) -> ObjectStore:
-    """An ObjectStore whose keys are relative to the prefix ``loc`` names."""
+    """An ObjectStore whose keys are relative to the prefix ``loc`` names. A file://
+    prefix is a real path (``local_real`` made it so at the batch's creation): its
+    directories are created and opened without following a link (a link put in its
+    path since is refused: ``localfs.UnsafePath``), and its files are readable by the
+    team's other users (0644 under the usual umask), as any file its writer makes."""
     if loc.is_glob:
         raise BadLocation("an output URI is a prefix, not a glob")
     if loc.scheme == "s3":
         return S3Store(loc.bucket, loc.key)
-    return LocalStore(Path(loc.key))
+    return LocalStore(Path(loc.key), mode=0o666, exact=True)

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Protocol
+
+from storage import localfs
 
 CHUNK = 1024 * 1024
 # S3's multipart rules: every part but the last at least 5 MiB, at most 5 GiB each, at
@@ -135,55 +139,123 @@ class PartsGone(Exception):
 
 
 class LocalStore(ObjectStore):
-    """A directory; writes go to a temp file in the same directory, then rename."""
+    """A directory; writes go to a temp file in the same directory, then rename.
 
-    def __init__(self, root: Path) -> None:
+    A key is a relative path (no ``..``, no leading ``/``). Every operation opens the
+    key's directories one by one from the root's real path without following links
+    (storage.localfs): a key that passes through a symbolic link, or names one, a FIFO
+    or a device, is refused (``UnsafePath``), so nothing outside the root is ever read
+    or written through the store, and a write replaces a link at its key, never its
+    target. ``listing`` never lists links. Files are created with ``mode`` (less the
+    umask): 0600 for the service's own objects, 0666 for an output dataset that a
+    team's other users read (0644 under the usual umask). ``exact``: the root's path
+    must be its real path (no link in it at all; a root a caller resolved already)."""
+
+    def __init__(self, root: Path, mode: int = 0o600, exact: bool = False) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.real = os.path.realpath(self.root)
+        if exact and self.real != os.path.normpath(self.root):
+            raise localfs.UnsafePath(f"{self.root} passes through a symbolic link: links "
+                                     "are never followed")
+        self.mode = mode
+        os.close(localfs.open_dir(self.real, create=True))
 
-    def _path(self, key: str) -> Path:
-        p = (self.root / key).resolve()
-        if self.root.resolve() not in p.parents:
+    def _split(self, key: str) -> tuple[list[str], str]:
+        names = localfs.parts(key)
+        if key.startswith("/") or "\x00" in key or not names or ".." in names:
             raise ValueError(f"invalid object key {key!r}")
-        return p
+        return names[:-1], names[-1]
+
+    def _dir(self, dirs: list[str], create: bool = False) -> int:
+        return localfs.open_dir("/".join([self.real, *dirs]), create=create)
+
+    def _shown(self, key: str) -> str:
+        return f"{self.real}/{key}"
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        dirs, name = self._split(key)
+        dfd = self._dir(dirs, create=True)
         try:
-            with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(stream, out, CHUNK)
-                n = out.tell()
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            tmp = f".tmp-{secrets.token_hex(8)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, self.mode, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(stream, out, CHUNK)
+                    n = out.tell()
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
+        finally:
+            os.close(dfd)
         return n
 
     def open(self, key: str) -> IO[bytes]:
+        dirs, name = self._split(key)
         try:
-            return open(self._path(key), "rb")
-        except FileNotFoundError as e:
+            dfd = self._dir(dirs)
+            try:
+                fd = localfs.open_file_at(dfd, name, self._shown(key))
+            finally:
+                os.close(dfd)
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise ObjectNotFound(key) from e
+        return os.fdopen(fd, "rb")
 
     def size(self, key: str) -> int:
+        dirs, name = self._split(key)
         try:
-            return self._path(key).stat().st_size
-        except FileNotFoundError as e:
+            dfd = self._dir(dirs)
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            finally:
+                os.close(dfd)
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise ObjectNotFound(key) from e
+        if not stat.S_ISREG(st.st_mode):
+            raise localfs.not_regular(self._shown(key), st.st_mode)
+        return st.st_size
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        dirs, name = self._split(key)
+        try:
+            dfd = self._dir(dirs)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            os.unlink(name, dir_fd=dfd)  # a link itself, never its target
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dfd)
 
     def list(self, prefix: str) -> list[str]:
-        base = self.root.resolve()
+        """The keys of the regular files under the root whose key starts with
+        ``prefix`` (links, FIFOs and the like are never listed, nor walked into)."""
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        dirs = localfs.parts(head)
+        if ".." in dirs:
+            raise ValueError(f"invalid object key prefix {prefix!r}")
+        try:
+            top = self._dir(dirs)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
         out = []
-        for p in base.rglob("*"):
-            if p.is_file() and not p.name.startswith(".tmp-"):
-                rel = p.relative_to(base).as_posix()
-                if rel.startswith(prefix):
-                    out.append(rel)
+        try:
+            for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=top):
+                rel = "/".join([*dirs, *localfs.parts(dirpath)])
+                for name in files:
+                    key = f"{rel}/{name}" if rel else name
+                    if name.startswith(".tmp-") or not key.startswith(prefix):
+                        continue
+                    with suppress(FileNotFoundError):
+                        if stat.S_ISREG(os.stat(name, dir_fd=dfd,
+                                                follow_symlinks=False).st_mode):
+                            out.append(key)
+        finally:
+            os.close(top)
         return sorted(out)
 
 

@@ -160,10 +160,14 @@ def _format_of(objs: list[ds.SourceObject], given: str | None) -> str:
     return found.pop()
 
 
-def _listed(loc: ds.Location, limit: int, param: str) -> list[ds.SourceObject]:
-    """The objects a URI names; S3's refusals as the client's errors."""
+def _listed(loc: ds.Location, limit: int, param: str, root: ds.Location
+            ) -> list[ds.SourceObject]:
+    """The objects a URI names (a file:// one by its real path below ``root``); S3's
+    refusals as the client's errors."""
     try:
-        return ds.list_objects(loc, limit)
+        return ds.list_objects(loc, limit, root)
+    except ds.NotFollowed as e:
+        raise InvalidRequest(str(e), param=param, code="unsafe_path") from None
     except ds.BadLocation as e:
         raise InvalidRequest(str(e), param=param) from None
     except ds.NoBucket:
@@ -187,7 +191,7 @@ def open_dataset(ctx: Context, tenant_id: str, endpoint: str, spec: DatasetInput
                  models: Catalog) -> Manifest:
     """Check a dataset batch's locations and mapping, and list and pin its objects."""
     loc = locations.location(spec.uri, "input_dataset.uri")
-    locations.require(ctx, tenant_id, loc, "read", "input_dataset.uri")
+    root = locations.require(ctx, tenant_id, loc, "read", "input_dataset.uri")
     out_uri = None
     if output is not None:
         out = locations.location(output.uri, "output_dataset.uri")
@@ -195,7 +199,12 @@ def open_dataset(ctx: Context, tenant_id: str, endpoint: str, spec: DatasetInput
             raise InvalidRequest("output_dataset.uri is a prefix, not a glob",
                                  param="output_dataset.uri")
         out = ds.Location(out.scheme, out.bucket, out.key.rstrip("/") + "/")
-        locations.require(ctx, tenant_id, out, "write", "output_dataset.uri")
+        out_root = locations.require(ctx, tenant_id, out, "write", "output_dataset.uri")
+        try:  # where it is, not through a link: what the writer opens, and reserves
+            out = ds.local_real(out, out_root)
+        except ds.NotFollowed as e:
+            raise InvalidRequest(str(e), param="output_dataset.uri",
+                                 code="unsafe_path") from None
         if _holds(out):
             raise InvalidRequest(f"{shown(out.uri, 200)} holds objects already: an output "
                                  "dataset is written to an empty prefix",
@@ -209,7 +218,7 @@ def open_dataset(ctx: Context, tenant_id: str, endpoint: str, spec: DatasetInput
     _check_mapping(endpoint, spec)
     if "model" in defaults:
         RowForm.build(endpoint, defaults, spec, models)  # bad defaults fail now, once
-    objs = _listed(loc, MAX_FILES, "input_dataset.uri")
+    objs = _listed(loc, MAX_FILES, "input_dataset.uri", root)
     if not objs:
         raise InvalidRequest(f"no objects match {shown(loc.uri, 200)}", param="input_dataset.uri",
                              code="dataset_empty")
@@ -317,9 +326,11 @@ def changed(e: ds.SourceChanged) -> str:
 
 
 def create_input(ctx: Context, tenant_id: str, endpoint: str, spec: DatasetInput,
-                 output: DatasetOutput | None, defaults: dict[str, Any]) -> File:
+                 output: DatasetOutput | None, defaults: dict[str, Any]
+                 ) -> tuple[File, str | None]:
     """The input File of a batch over a dataset in place: its manifest, stored as the
-    File's content (``GET /v1/files/{id}/content`` shows what the batch reads)."""
+    File's content (``GET /v1/files/{id}/content`` shows what the batch reads); and the
+    URI of its output dataset's prefix (the batch reserves it), if it has one."""
     manifest = open_dataset(ctx, tenant_id, endpoint, spec, output, defaults,
                             catalog.cached(ctx))
     data = manifest.to_json()
@@ -327,4 +338,4 @@ def create_input(ctx: Context, tenant_id: str, endpoint: str, spec: DatasetInput
              purpose="batch", format="dataset", bytes=len(data), created_at=now())
     f.object_key = keys.file_object(f.id)
     ctx.store.put_bytes(f.object_key, data)
-    return f
+    return f, manifest.output

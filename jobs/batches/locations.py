@@ -5,7 +5,9 @@ only the URI prefixes an admin gave it (``POST
 /v1/organization/projects/{id}/data_locations``), each with its access: ``read``
 (batch inputs), ``write`` (batch outputs) or ``read_write``. A URI is allowed when it
 lies under one of them at a path boundary (``s3://lake/team-a/`` covers
-``s3://lake/team-a/reviews/*.parquet``, not ``s3://lake/team-ab/``).
+``s3://lake/team-a/reviews/*.parquet``, not ``s3://lake/team-ab/``). A file:// URI is
+then resolved below that location's real path, and a symbolic link below it is refused
+(storage.datasets.local_real): a link cannot lead a batch out of its location.
 """
 
 from __future__ import annotations
@@ -82,13 +84,16 @@ def remove(ctx: Context, project_id: str, location_id: str) -> None:
 
 
 def require(ctx: Context, tenant_id: str, loc: Location, need: Literal["read", "write"],
-            param: str) -> None:
-    """PermissionDenied unless the project may ``need`` everything ``loc`` names."""
+            param: str) -> Location:
+    """PermissionDenied unless the project may ``need`` everything ``loc`` names; the
+    location that allows it (the longest, when several do: a file:// dataset is
+    resolved below it, storage.datasets.local_real)."""
     with ctx.db.session() as s:
         rows = s.scalars(select(DataLocation).where(DataLocation.tenant_id == tenant_id)).all()
-    for row in rows:
-        if need in row.access and loc.within(parse(row.uri)):
-            return
+    allowed = [root for row in rows if need in row.access
+               and loc.within(root := parse(row.uri))]
+    if allowed:
+        return max(allowed, key=lambda root: len(root.key))
     raise PermissionDenied(
         f"this project may not {need} {shown(loc.uri, 200)}: an admin gives a project the "
         f"locations it may {need} (inferq projects locations add PROJECT URI --access "

@@ -8,13 +8,14 @@ from typing import IO
 
 from sqlalchemy import insert, select
 
-from jobs.batches import datasets, fairshare, lifecycle, views
+from jobs.batches import datasets, fairshare, lifecycle, output_reservations, views
 from jobs.batches import queries as repo
 from jobs.batches.sharding import TokenCounter, validate_and_shard
 from jobs.core import refs
 from jobs.core.context import Context
 from jobs.core.errors import (
     Conflict,
+    InferqError,
     InvalidRequest,
     NotFound,
     shown,
@@ -111,7 +112,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
     terminal event."""
     if req.callback_url is not None:
         endpoints.check_callback(ctx, tenant_id, req.callback_url)
-    dataset = None
+    dataset, output = None, None
     if req.input_dataset is not None:
         if "model" not in req.body:
             raise InvalidRequest('a dataset names no model: give the batch\'s body.model (e.g. '
@@ -119,9 +120,25 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                                  param="body.model", code="missing_model")
         if not isinstance(req.body["model"], str):
             raise InvalidRequest("body.model must be a string", param="body.model")
-        catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model")
-        dataset = datasets.create_input(ctx, tenant_id, req.endpoint, req.input_dataset,
-                                        req.output_dataset, req.body)
+        catalog.cached(ctx).require(req.body["model"], req.endpoint, param="body.model",
+                                    versions=True)
+        dataset, output = datasets.create_input(ctx, tenant_id, req.endpoint,
+                                                req.input_dataset, req.output_dataset, req.body)
+    try:
+        b = _store_batch(ctx, tenant_id, req, api_key_id, parent_batch_id, dataset, output)
+    except InferqError:  # refused, nothing committed: its manifest is no one's
+        if dataset is not None:
+            ctx.store.delete(dataset.object_key)
+        raise
+    ctx.dispatcher.validate(b.id)
+    return b
+
+
+def _store_batch(ctx: Context, tenant_id: str, req: BatchCreate, api_key_id: str | None,
+                 parent_batch_id: str | None, dataset: File | None, output: str | None
+                 ) -> Batch:
+    """The batch's row (and its dataset's input File, its output prefix reserved: one
+    transaction)."""
     with ctx.db.session() as s:
         if dataset is not None:
             s.add(dataset)
@@ -137,7 +154,7 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
             if not isinstance(req.body["model"], str):
                 raise InvalidRequest("body.model must be a string", param="body.model")
             info = catalog.cached(ctx).require(req.body["model"], req.endpoint,
-                                               param="body.model")
+                                               param="body.model", versions=True)
             if (req.endpoint == EMBEDDINGS and "dimensions" in req.body
                     and not info.matryoshka):  # every line would fail
                 raise no_dimensions(info.name, param="body.dimensions")
@@ -157,7 +174,9 @@ def create_batch(ctx: Context, tenant_id: str, req: BatchCreate,
                                         if req.output_expires_after else None),
                   parent_batch_id=parent_batch_id)
         s.add(b)
-    ctx.dispatcher.validate(b.id)
+        if output is not None:
+            s.flush()
+            output_reservations.reserve(s, b, output)
     return b
 
 
@@ -266,8 +285,12 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         max_inputs=st.max_embedding_inputs, max_requests=st.max_requests_per_batch,
         models=models, count_tokens=count_tokens,
         read_dataset=views.reader(defaults, models, st.max_line_bytes))
-    default = registry.get_default(ctx, plan.model) if plan.model else None
-    pinned = default.version if default is not None else None
+    # a batch runs on the version its lines name (name@version), else on its model's
+    # default version now: it keeps that version to the end
+    model, pinned = refs.split_ref(plan.model) if plan.model else (None, None)
+    if model is not None and pinned is None:
+        default = registry.get_default(ctx, model)
+        pinned = default.version if default is not None else None
     shard_ids: list[str] = []
     with ctx.db.session() as s:
         b = repo.get_batch(s, None, batch_id, lock=True)
@@ -281,14 +304,14 @@ def _validate(ctx: Context, batch_id: str, count_tokens: TokenCounter | None) ->
         if plan.errors:
             lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=plan.errors)
             return
-        over = batch_quota.batch_token_error(ctx, s, b.tenant_id, plan.model, plan.input_tokens,
+        over = batch_quota.batch_token_error(ctx, s, b.tenant_id, model, plan.input_tokens,
                                         exact=plan.exact_tokens)
         if over is not None:  # past the project's batch input tokens of the day
             lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=[over])
             ctx.store.delete_prefix(keys.batch_prefix(batch_id))
             return
-        b.total, b.invalid, b.model = plan.total, plan.invalid, plan.model
-        b.model_version = pinned  # the default version now: the batch keeps it to the end
+        b.total, b.invalid, b.model = plan.total, plan.invalid, model
+        b.model_version = pinned
         b.input_tokens = plan.input_tokens
         lifecycle.move(ctx, s, b, BatchStatus.IN_PROGRESS)
         sent_at = fairshare.new_shards_dispatched_at(ctx)  # None: waiting for their turn
