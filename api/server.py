@@ -11,8 +11,17 @@ edge for everyone:
   ``api_header_timeout_s`` of their first byte, an idle keep-alive connection closes
   after ``api_keepalive_s``, and a body read that waits ``api_body_timeout_s`` for
   more bytes ends the request (408);
+- bodies bounded before they are read: a chunk whose size line takes the body past
+  the request's limit is a 413 at once (the bytes it announces are never waited
+  for), and ``Expect: 100-continue`` is answered ``100 Continue`` only when the app
+  first reads the body, so a request refused before that (an over-limit
+  Content-Length: 413; a bad key: 401) gets its final answer without the 100;
+- a transfer coding other than ``chunked`` (``gzip, chunked`` included: the body
+  would reach the app still compressed) is a 501;
 - every protocol-level refusal (a malformed request line, header or chunk, a header
-  over the limit, a timeout) in the OpenAI error shape, never gunicorn's HTML.
+  over the limit, a timeout) in the OpenAI error shape, never gunicorn's HTML, and
+  logged as the client's (a warning line, no traceback); only a failure of this
+  code is logged as an error.
 
 On SIGTERM the requests in flight have gunicorn's graceful timeout to finish, and the
 connections waiting for a request close at once: an idle keep-alive connection would
@@ -37,8 +46,9 @@ from gevent.socket import wait_read
 from gunicorn import http
 from gunicorn.http import errors as perr
 from gunicorn.http import wsgi
+from gunicorn.http.body import ChunkedReader
 from gunicorn.workers.ggevent import GeventWorker
-from werkzeug.exceptions import BadRequest, RequestTimeout
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, RequestTimeout
 
 from jobs.core.settings import Settings
 
@@ -50,6 +60,12 @@ MAX_HEADERS = 100
 # Set by GuardedInput when a body read failed: the connection cannot serve another
 # request, since where the next one starts is unknown.
 CLOSE = "inferq.close_connection"
+# Set while the client waits for ``100 Continue``: the callable that sends it, called
+# by GuardedInput on the app's first read of the body.
+CONTINUE = "inferq.continue"
+CONTINUE_LINE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Transfer codings gunicorn passes through undecoded (the app would get the coded bytes).
+CODINGS = ("gzip", "x-gzip", "deflate", "compress", "x-compress")
 _DRAIN_S = 2.0  # an unread body left behind is drained for at most this long
 _DRAIN_BYTES = 1024 * 1024  # ... and this many bytes; past either the connection closes
 _HEAD_BYTES = MAX_REQUEST_LINE + MAX_HEADERS * (MAX_HEADER_FIELD + 2) + 4
@@ -65,10 +81,49 @@ class HeaderTimeout(Exception):
     """The request line and headers did not arrive within the header timeout."""
 
 
+class UnsupportedCoding(Exception):
+    """A transfer coding this edge does not decode."""
+
+
+class ChunkTooLarge(perr.ParseException):
+    """A chunk size line that takes the body past the request's limit."""
+
+
+class BoundedChunks(ChunkedReader):
+    """gunicorn's chunked body reader that refuses a chunk taking the body past
+    ``limit`` bytes as soon as its size line is read (``ChunkTooLarge``), instead of
+    waiting for the bytes it announces. ``limit`` is set by GuardedInput from the
+    request's ``max_content_length`` before the first read (None: unbounded)."""
+
+    limit: int | None = None
+    announced = 0
+
+    def parse_chunk_size(self, unreader: Any, data: Any = None) -> tuple[int, Any]:
+        size, rest = super().parse_chunk_size(unreader, data)
+        self.announced += size
+        if self.limit is not None and self.announced > self.limit:
+            raise ChunkTooLarge(f"a chunk of {size} bytes takes the request body past its "
+                                f"limit of {self.limit} bytes")
+        return size, rest
+
+
+def check_codings(req: Any) -> None:
+    """UnsupportedCoding for a Transfer-Encoding that codes the body beyond chunking."""
+    for name, value in req.headers:
+        if name == "TRANSFER-ENCODING":
+            codings = [v.strip(" \t").lower() for v in value.split(",")]
+            bad = [c for c in codings if c in CODINGS]
+            if bad:
+                raise UnsupportedCoding(f"unsupported transfer coding: {bad[0]} (only "
+                                        "chunked is served; send the body uncompressed)")
+
+
 def refusal(exc: BaseException) -> tuple[int, str, str | None]:
     """The status, message and error code a protocol failure is answered with."""
     if isinstance(exc, HeaderTimeout):
         return 408, str(exc), "request_timeout"
+    if isinstance(exc, UnsupportedCoding):
+        return 501, str(exc), "unsupported_transfer_coding"
     if isinstance(exc, perr.LimitRequestLine):
         return 414, f"the request line is longer than {MAX_REQUEST_LINE} bytes", "uri_too_long"
     if isinstance(exc, perr.LimitRequestHeaders):
@@ -131,10 +186,29 @@ class GuardedInput:
 
     def __init__(self, raw: Any, environ: dict[str, Any]) -> None:
         self.raw, self.environ = raw, environ
+        self.started = False
+
+    def _start(self) -> None:
+        """Before the first read: a chunked body's limit is the request's
+        ``max_content_length`` (set by the app before it reads), and a client waiting
+        for ``100 Continue`` gets it now."""
+        self.started = True
+        reader = getattr(self.raw, "reader", None)
+        if isinstance(reader, BoundedChunks):
+            request = self.environ.get("werkzeug.request")
+            reader.limit = getattr(request, "max_content_length", None)
+        go_on = self.environ.pop(CONTINUE, None)
+        if go_on is not None:
+            go_on()
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.started:
+            self._start()
         try:
             return fn(*args)
+        except ChunkTooLarge as e:
+            self.environ[CLOSE] = True
+            raise RequestEntityTooLarge(str(e)) from None
         except TimeoutError:
             self.environ[CLOSE] = True
             raise RequestTimeout("the request body stopped arriving (no data for the "
@@ -230,6 +304,7 @@ class EdgeWorker(GeventWorker):
                                                   f"arrive within {st.api_header_timeout_s:g} s")):
                     self._read_head(parser, client)
                     req = next(parser)
+                check_codings(req)
                 if not self.handle_request(name, req, client, addr) or not self._drained(parser):
                     return
                 idle = st.api_keepalive_s
@@ -240,8 +315,10 @@ class EdgeWorker(GeventWorker):
                 self.log.exception("socket error serving a request")
         except Exception as e:  # noqa: BLE001 - every failure is answered, none escapes
             status, message, code = refusal(e)
-            if status >= 500:
+            if status == 500:
                 self.log.exception("error serving a request")
+            elif status > 500:  # what the client asked for is not served: one line
+                self.log.warning("refused a request from %s: %s %s", addr, status, message)
             else:
                 self.log.info("refused a request from %s: %s", addr, message)
             self._refuse(client, status, message, code)
@@ -303,8 +380,14 @@ class EdgeWorker(GeventWorker):
         resp = None
         try:
             self.cfg.pre_request(self, req)
+            expects = req._expected_100_continue  # sent on the first read, not now
+            req._expected_100_continue = False
+            if isinstance(getattr(req.body, "reader", None), ChunkedReader):
+                req.body.reader = BoundedChunks(req, req.unreader)  # nothing read yet
             resp, environ = wsgi.create(req, sock, addr, listener_name, self.cfg)
             environ["wsgi.multithread"] = True
+            if expects:
+                environ[CONTINUE] = lambda: sock.sendall(CONTINUE_LINE)
             self.nr += 1
             if not self.alive:
                 resp.force_close()
@@ -317,7 +400,9 @@ class EdgeWorker(GeventWorker):
                 self.log.access(resp, req, environ, datetime.now() - start)
                 if hasattr(respiter, "close"):
                     respiter.close()
-            return not (resp.should_close() or environ.get(CLOSE))
+            # A client still waiting for 100 Continue may send its body or not: where
+            # the next request would start is unknown.
+            return not (resp.should_close() or environ.get(CLOSE) or CONTINUE in environ)
         except OSError:
             raise  # the client went away: nothing to answer
         except gevent.GreenletExit:

@@ -2,6 +2,10 @@
 
 Each refusal is one line naming what is missing (``Refused``):
 
+- the folder's entries (regular files and folders only: jobs.fleet.folders) and its
+  JSON files (``JSON_FILES``, each valid and at most ``folders.MAX_JSON_DEPTH`` deep);
+- ``config.json``'s sizes (``CONFIG_BOUNDS``): each, when present, an integer from 1 to
+  its bound;
 - ``config.json`` with the architecture the kind needs. chat and completions: a
   causal LM, ``architectures[0]`` ending in ``ForCausalLM`` and a ``model_type`` that
   transformers has a causal-LM class for. embeddings: an encoder, a ``model_type``
@@ -11,7 +15,8 @@ Each refusal is one line naming what is missing (``Refused``):
   installed transformers' auto mappings as source text (``ast``, never imported: no
   torch here); without transformers, a short list of the common ones.
 - a tokenizer: ``tokenizer.json``, or ``tokenizer_config.json`` with its vocabulary
-  (``vocab.txt``, ``vocab.json`` + ``merges.txt``, or a sentencepiece model);
+  (``vocab.txt``, ``vocab.json`` + ``merges.txt``, or a sentencepiece model), loaded
+  (jobs.fleet.tokenizer_load: the ``tokenizers`` library, no torch);
 - chat only: a chat template (``tokenizer_config.json``'s ``chat_template``,
   ``chat_template.jinja`` or ``chat_template.json``). completions is a generation model
   without one: registered as kind ``completions``, it serves ``/v1/completions`` only;
@@ -19,14 +24,15 @@ Each refusal is one line naming what is missing (``Refused``):
   (``.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) run code when loaded: refused
   unless ``allow_pickle``, wherever they are in the folder;
 - the context length: ``sentence_bert_config.json``'s ``max_seq_length``, else
-  ``config.json``'s ``max_position_embeddings``;
+  ``config.json``'s ``max_position_embeddings``, from 1 to
+  ``registry.MAX_CONTEXT_LENGTH`` tokens;
 - the engine (``--engine``, chat and completions): ``vllm`` needs an architecture in
   the installed vLLM's registry of generation models (read as source, never imported)
   and weights in fp32, bf16 or fp16; ``auto`` runs a version on vLLM where the worker
   has it and it serves both (``engine_for``), else on the transformers engine;
 - embeddings: a pooling the embedding engine applies (jobs.fleet.pooling).
 
-No torch, no transformers: JSON files are read directly.
+No torch, no transformers: JSON files are read directly, the tokenizer by ``tokenizers``.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from typing import Any
 from jobs.core.errors import InvalidRequest, shown
 from jobs.core.schema import Model
 from jobs.fleet import registry
-from jobs.fleet.folders import Folder, Refused, read_object
+from jobs.fleet.folders import Folder, Refused, read_json, read_object
 from jobs.fleet.pooling import Pooling, read_pooling
+from jobs.fleet.tokenizer_load import check_tokenizer
 
 KINDS = ("embeddings", "chat", "completions")
 VLLM_PRECISIONS = ("fp32", "bf16", "fp16")  # int8 is the transformers engine's (CPU)
@@ -58,6 +65,18 @@ FALLBACK_CAUSAL = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "g
 FALLBACK_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet",
                                "deberta", "deberta-v2", "electra", "albert", "camembert",
                                "modernbert", "nomic_bert"})
+# The JSON files the engines read from a model folder's top (besides those the checks
+# read anyway): each must parse, within the depth limit, before anything is published.
+JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json", "chat_template.json",
+              "modules.json", "sentence_bert_config.json", "preprocessor_config.json",
+              "config_sentence_transformers.json")
+# config.json's sizes a model is built from, and the largest each may be: a value past
+# it (or not an integer) could only fail when a worker builds the model.
+CONFIG_BOUNDS = {"max_position_embeddings": registry.MAX_CONTEXT_LENGTH,
+                 "vocab_size": 2**24, "hidden_size": 2**18, "intermediate_size": 2**20,
+                 "num_hidden_layers": 2**12, "num_attention_heads": 2**12,
+                 "num_key_value_heads": 2**12, "head_dim": 2**14}
 
 
 @dataclass
@@ -79,7 +98,11 @@ def check(folder: Folder, kind: str, allow_pickle: bool = False,
     if not folder.has("config.json"):
         raise Refused(f"no config.json in {shown(folder.where)}: not a transformers model "
                       "folder")
+    for name in JSON_FILES:
+        if folder.has(name):
+            read_json(folder, name)
     config = read_object(folder, "config.json")
+    _check_sizes(config)
     _check_architecture(config, kind)
     if engine == registry.VLLM:
         _check_vllm(config, kind, precision)
@@ -95,6 +118,18 @@ def check(folder: Folder, kind: str, allow_pickle: bool = False,
     if allow_pickle and any(f.endswith(PICKLED) for f in files):
         out.notes.append("pickled weights published (--allow-pickle): workers load them")
     return out
+
+
+def _check_sizes(config: dict[str, Any]) -> None:
+    for key, most in CONFIG_BOUNDS.items():
+        value = config.get(key)
+        if value is not None and not _in_range(value, most):
+            raise Refused(f"config.json's {key} is {shown(value, 40)}: it must be an integer "
+                          f"from 1 to {most}")
+
+
+def _in_range(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def _check_architecture(config: dict[str, Any], kind: str) -> None:
@@ -167,6 +202,7 @@ def _check_tokenizer(folder: Folder, kind: str) -> None:
         raise Refused("no tokenizer: the folder needs tokenizer.json, or tokenizer_config.json "
                       "with its vocabulary (vocab.txt, vocab.json + merges.txt, or a "
                       "sentencepiece model)")
+    check_tokenizer(folder)
     if kind == "chat" and not _has_chat_template(folder):
         raise Refused("no chat template: a chat model needs tokenizer_config.json's "
                       "chat_template or a chat_template.jinja (add it as --kind completions "
@@ -205,13 +241,17 @@ def _check_weights(folder: Folder, files: list[str], allow_pickle: bool) -> None
 def context_length(folder: Folder, config: dict[str, Any]) -> int:
     """sentence-transformers' max_seq_length when present, else the config's
     max_position_embeddings (``publishing.read_context_length``'s rule)."""
+    most = registry.MAX_CONTEXT_LENGTH
     if folder.has("sentence_bert_config.json"):
         n = read_object(folder, "sentence_bert_config.json").get("max_seq_length")
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
+        if n is not None and not _in_range(n, most):
+            raise Refused(f"sentence_bert_config.json's max_seq_length is {shown(n, 40)}: it "
+                          f"must be an integer from 1 to {most}")
+        if n is not None:
+            return int(n)
     n = config.get("max_position_embeddings")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-        return n
+    if n is not None and _in_range(n, most):
+        return int(n)
     raise Refused("no context length: neither sentence_bert_config.json's max_seq_length "
                   "nor config.json's max_position_embeddings")
 

@@ -4,13 +4,18 @@
 object-store credentials and endpoint, its listing once); the checks read its JSON
 files alone (``read_json``), and ``local_copy`` downloads an object-store folder's
 files only once they passed. Whatever cannot be read is ``Refused``: one line naming
-what is missing, the client's error.
+what is missing, the client's error. A local folder holds regular files and folders
+only: a symbolic link (which would be read, then left out of what is published) or a
+FIFO, socket or device is refused, naming it. A JSON file nested deeper than
+``MAX_JSON_DEPTH`` is refused too (no reader of a model's files needs more).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +26,10 @@ from jobs.core.errors import InvalidRequest, shown
 from jobs.fleet import registry
 from storage.objects import ObjectStore
 from storage.stores import open_store
+
+# The deepest nesting of a model folder's JSON files (transformers' configs nest a few
+# levels: a text_config's rope_scaling, a tokenizer_config's added_tokens_decoder).
+MAX_JSON_DEPTH = 64
 
 
 class Refused(InvalidRequest, code="invalid_model_folder"):
@@ -47,10 +56,37 @@ class LocalFolder:
         self.root, self.where = root, str(root)
 
     def has(self, rel: str) -> bool:
-        return (self.root / rel).is_file()
+        p = self.root / rel
+        return p.is_file() and not p.is_symlink()
 
     def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
+        """The file's bytes, opened without following a link (a link put in place
+        after ``check_entries`` is an OSError, not another file's content)."""
+        fd = os.open(self.root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            return f.read()
+
+    def check_entries(self) -> None:
+        """Refused, naming the first, for an entry that is neither a regular file nor
+        a folder: a symbolic link, a FIFO, a socket, a device (dot-entries, which are
+        never published, aside)."""
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            for name in sorted(dirnames) + sorted(filenames):
+                if name.startswith("."):
+                    continue
+                p = Path(dirpath) / name
+                mode = p.lstat().st_mode
+                rel = p.relative_to(self.root).as_posix()
+                if stat.S_ISLNK(mode):
+                    raise Refused(f"{shown(rel)} is a symbolic link: a model folder holds "
+                                  "its files themselves (copy them in, e.g. cp -L)")
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise Refused(f"{shown(rel)} is not a regular file (a FIFO, socket or "
+                                  "device): a model folder holds files and folders only")
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
 
     def files(self) -> list[str]:
         """Every regular file (dot-files, such as markers, left out), as published."""
@@ -105,7 +141,9 @@ def open_folder(source: str) -> Folder:
         found = False
     if not found:
         raise Refused(f"no folder at {shown(source)}")
-    return LocalFolder(path.resolve())
+    local = LocalFolder(path.resolve())
+    local.check_entries()
+    return local
 
 
 def _reason(e: BaseException) -> str:
@@ -147,9 +185,31 @@ def read_json(folder: Folder, rel: str) -> Any:
     except OSError as e:
         raise Refused(f"cannot read {rel}: {e.strerror or _reason(e)}") from None
     try:
-        return json.loads(raw)
+        got = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise Refused(f"{rel} is not valid JSON") from None
+    except RecursionError:
+        got = None
+        deep = True
+    else:
+        deep = too_deep(got)
+    if deep:
+        raise Refused(f"{rel} nests deeper than {MAX_JSON_DEPTH} levels: not a model's "
+                      "JSON file")
+    return got
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests deeper than ``limit`` (read level by level,
+    without recursion)."""
+    level = [value]
+    for _ in range(limit):
+        level = [c for v in level if isinstance(v, dict | list)
+                 for c in (v.values() if isinstance(v, dict) else v)
+                 if isinstance(c, dict | list)]
+        if not level:
+            return False
+    return True
 
 
 def read_object(folder: Folder, rel: str) -> dict[str, Any]:

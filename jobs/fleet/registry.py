@@ -50,6 +50,9 @@ PRECISIONS = (FP32, "bf16", "fp16", "int8")
 # precision, else transformers). Embeddings run on their own engine whatever it says.
 AUTO, TRANSFORMERS, VLLM = "auto", "transformers", "vllm"
 ENGINES = (AUTO, TRANSFORMERS, VLLM)
+# The longest context a version may declare, in tokens (16 Mi: past any model's; the
+# column holds a 32-bit integer).
+MAX_CONTEXT_LENGTH = 2**24
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Registrations made by this process: a snapshot of the registry read before the
 # latest one (jobs.fleet.catalog's cache) is stale.
@@ -181,8 +184,8 @@ def register(ctx: Context, name: str, version: str, kind: str, source: str,
         raise ValueError(f"invalid precision {precision!r} (one of {', '.join(PRECISIONS)})")
     if engine not in ENGINES:
         raise ValueError(f"invalid engine {engine!r} (one of {', '.join(ENGINES)})")
-    if context_length <= 0:
-        raise ValueError("context_length must be positive")
+    if not 0 < context_length <= MAX_CONTEXT_LENGTH:
+        raise ValueError(f"context_length must be from 1 to {MAX_CONTEXT_LENGTH} tokens")
     for f in files:
         check_file_path(f["path"])
     clean = [{"path": str(f["path"]), "bytes": int(f["bytes"]), "sha256": str(f["sha256"])}

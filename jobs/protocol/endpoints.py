@@ -16,13 +16,16 @@ ENDPOINTS = (EMBEDDINGS, CHAT, COMPLETIONS, RESPONSES)
 @dataclass(frozen=True)
 class ModelInfo:
     """One servable model: its public name, its kind (embeddings | chat), whether its
-    chat template renders tools (None: not known; the worker that renders it decides)
-    and whether it serves shortened vectors (``dimensions``)."""
+    chat template renders tools (None: not known; the worker that renders it decides),
+    whether it serves shortened vectors (``dimensions``) and the most bytes of prompt
+    text a generation request for it may have (None: not bounded here; the worker
+    that tokenizes it checks)."""
 
     name: str
     kind: str
     tools: bool | None = None
     matryoshka: bool = False
+    max_prompt_bytes: int | None = None
 
 
 # Which models exist and what they serve: the registry (jobs.fleet.catalog). A model's output
@@ -30,7 +33,8 @@ class ModelInfo:
 class ServedModels(Protocol):
     """What parsing asks of the models served (``jobs.fleet.catalog.Catalog``)."""
 
-    def require(self, name: str, endpoint: str, param: str = "model") -> ModelInfo: ...
+    def require(self, name: str, endpoint: str, param: str = "model",
+                versions: bool = False) -> ModelInfo: ...
 
 
 def text_length(body: dict[str, Any]) -> int:

@@ -1,6 +1,8 @@
 """Parsing a request body at the door: judged by the parameter table first
 (``supported``), then read by its endpoint's model (``parse_embeddings``,
 ``parse_generation``, ``parse_responses``), its model checked against those served.
+A generation body's cheap bounds (jobs.protocol.limits: its tools' count first, its
+prompt's bytes, its schemas' depth and size) come before its schemas are compiled.
 
 ``supported`` judges a body by ``jobs.protocol.parameters``' tables before the model
 reads it: anything inferq does not implement and sent at another value is 400
@@ -20,6 +22,7 @@ from jobs.core.errors import InvalidRequest, shown
 from jobs.protocol.embeddings import EmbeddingsBody, no_dimensions
 from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, ServedModels
 from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.limits import check_prompt, check_schemas, check_tool_count
 from jobs.protocol.parameters import (
     FUNCTION_FIELDS,
     FUNCTIONS,
@@ -62,7 +65,7 @@ def parse_embeddings(body: Any, max_inputs: int,
     """
     req: EmbeddingsBody = parse_model(EmbeddingsBody, supported(EMBEDDINGS, body))
     if models is not None:
-        info = models.require(req.model, EMBEDDINGS)
+        info = models.require(req.model, EMBEDDINGS, versions=True)
         if req.dimensions is not None and not info.matryoshka:
             raise no_dimensions(req.model)
     if len(req.inputs()) > max_inputs:
@@ -76,23 +79,29 @@ def parse_generation(endpoint: str, body: Any,
 
     ``models``: as for parse_embeddings; the prompt's length is checked by the worker.
     """
+    check_tool_count(body)
     req: ChatBody | CompletionBody = parse_model(ChatBody if endpoint == CHAT else
                                                  CompletionBody, supported(endpoint, body))
     if models is not None:
-        info = models.require(req.model, endpoint)
+        info = models.require(req.model, endpoint, versions=True)
         if isinstance(req, ChatBody) and req.uses_tools() and info.tools is False:
             raise no_tools(req.model)
+        check_prompt(endpoint, body, info)
+    check_schemas(req)
     return req
 
 
 def parse_responses(body: Any, models: ServedModels | None = None) -> ResponsesBody:
     """Validate a Responses body (everything that needs no tokenizer); ``models`` as for
     parse_embeddings."""
+    check_tool_count(body)
     req: ResponsesBody = parse_model(ResponsesBody, supported(RESPONSES, body))
     if models is not None:
-        info = models.require(req.model, RESPONSES)
+        info = models.require(req.model, RESPONSES, versions=True)
         if req.uses_tools() and info.tools is False:
             raise no_tools(req.model)
+        check_prompt(RESPONSES, body, info)
+    check_schemas(req)
     return req
 
 

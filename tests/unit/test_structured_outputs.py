@@ -16,8 +16,9 @@ from jobs.core.errors import InvalidRequest
 from jobs.core.settings import default_cache_dir
 from jobs.protocol.endpoints import CHAT
 from jobs.protocol.parsing import parse_generation
+from jobs.protocol.structured import Constraint
 from workers.engines.generation.engine import GenerationEngine
-from workers.engines.request import build_request
+from workers.engines.request import GenRequest, build_request
 from workers.engines.sinks import Collect, FinishReason
 from workers.engines.vllm import VllmEngine
 from workers.models.chat import ChatModel, ChatTokens
@@ -176,3 +177,22 @@ def test_responses_text_format_runs_as_chats_response_format() -> None:
             parse_responses(supported(RESPONSES, {"model": SMOL, "input": "x",
                                                   "text": {"format": bad}}))
         assert words in e.value.message and (e.value.param or "").startswith("text")
+
+
+# A grammar that fails midway (an ``anyOf`` of 5,000 objects: llguidance's parser
+# refuses a row that wide once the answer has begun) ends the answer with an error on
+# both generation engines, never with ``finish_reason: "stop"`` on text that does not
+# parse. (Such a schema is refused where a request is parsed; the engines are given it
+# directly here.)
+WIDE = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
+                   "required": [f"k{i}"]} for i in range(5000)]}
+
+
+def test_a_grammar_failing_midway_ends_the_answer_with_an_error(engine: Any
+                                                                ) -> None:
+    prompt = engine.model.chat_ids([{"role": "user", "content": "Answer in JSON."}], None)
+    c = Collect()
+    engine.submit(GenRequest(prompt=prompt, max_new_tokens=24, temperature=0,
+                             constraint=Constraint(WIDE)), c, 2)
+    c.event.wait(600)
+    assert c.error is not None, (c.text, getattr(c, "reason", None))

@@ -83,6 +83,9 @@ class Delivery:
             self._emit(s, text[:cut], final=True, cut=True)
             return self._finish(s, FinishReason.STOP)
         if s.matcher is not None and s.matcher.is_stopped():  # the answer is complete
+            if s.matcher.is_error():  # (or its grammar failed: an error, never a "stop")
+                self._fault(s, RuntimeError(f"the constraint failed: {s.matcher.get_error()}"))
+                return None
             self._emit(s, text, final=True)
             return self._finish(s, FinishReason.STOP)
         if len(s.generated) >= s.req.max_new_tokens or s.pos + 1 >= m.context_length:
