@@ -21,7 +21,8 @@ NAME_MAX = 200
 LIMIT_OPTIONS = {  # option -> the rate limit's field
     "rpm": "max_requests_per_1_minute", "tpm": "max_tokens_per_1_minute",
     "rpd": "max_requests_per_1_day", "batch_tokens_per_day": "batch_1_day_max_input_tokens",
-    "max_streams": "max_concurrent_streams"}
+    "max_streams": "max_concurrent_streams",
+    "max_request_tokens": "max_tokens_per_realtime_request"}
 GROUPS = ("project_id", "api_key_id", "model", "batch", "service_tier")
 COST_GROUPS = ("project_id", "api_key_id", "line_item")
 EMBEDDING_GROUPS = ("project_id", "api_key_id", "model")
@@ -232,10 +233,12 @@ def _limit_rows(rows: Iterable[Any]) -> str:
     def shown(v: int | None) -> int | None:
         return None if v is None or v >= unlimited else v
 
-    return table(("MODEL", "RPM", "TPM", "RPD", "BATCH TOKENS/DAY", "STREAMS"), (
+    return table(("MODEL", "RPM", "TPM", "RPD", "BATCH TOKENS/DAY", "STREAMS",
+                  "REQUEST TOKENS"), (
         (r.model, shown(r.max_requests_per_1_minute), shown(r.max_tokens_per_1_minute),
          shown(r.max_requests_per_1_day), shown(r.batch_1_day_max_input_tokens),
-         shown(getattr(r, "max_concurrent_streams", None))) for r in rows))
+         shown(getattr(r, "max_concurrent_streams", None)),
+         shown(getattr(r, "max_tokens_per_realtime_request", None))) for r in rows))
 
 
 @limits.command("set")
@@ -246,6 +249,8 @@ def _limit_rows(rows: Iterable[Any]) -> str:
 @click.option("--rpd", type=LimitValue(), help="requests per day")
 @click.option("--batch-tokens-per-day", type=LimitValue(), help="batch input tokens per day")
 @click.option("--max-streams", type=LimitValue(), help="concurrent streams")
+@click.option("--max-request-tokens", type=LimitValue(),
+              help="tokens one realtime generation may reserve (n x max_tokens)")
 @with_admin
 def limits_set(project_id: str, model: str, api_url: str | None, admin_key: str | None,
                **values: int | None) -> None:
@@ -256,7 +261,7 @@ def limits_set(project_id: str, model: str, api_url: str | None, admin_key: str 
              if ctx.get_parameter_source(k) != click.core.ParameterSource.DEFAULT}
     if not given:
         raise click.UsageError("give at least one of --rpm, --tpm, --rpd, "
-                               "--batch-tokens-per-day, --max-streams")
+                               "--batch-tokens-per-day, --max-streams, --max-request-tokens")
     r = _admin(api_url, admin_key).projects.rate_limits.update_rate_limit(
         f"rl-{model}", project_id=project_id, extra_body=given)
     click.echo(_limit_rows([r]))

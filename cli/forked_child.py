@@ -38,13 +38,14 @@ class ForkedChild:
 
     def poll(self) -> int | None:
         code = self._proc.exitcode
-        # The fork server reports its children's exits; were it gone, every child would
-        # read as exited: a child whose process group still exists has not.
-        return None if code is not None and self._group_alive() else code
+        # The fork server reports (and reaps) its children's exits; were it gone, every
+        # child would read as exited: a child whose process still exists has not. (Its
+        # group may outlive it: what it started, until the stack kills the group.)
+        return None if code is not None and self._alive() else code
 
-    def _group_alive(self) -> bool:
+    def _alive(self) -> bool:
         try:
-            os.killpg(self.pid, 0)
+            os.kill(self.pid, 0)
         except (ProcessLookupError, PermissionError):
             return False
         return True

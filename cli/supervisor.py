@@ -33,18 +33,36 @@ class Child(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...
 
 
-def describe_exit(returncode: int) -> str:
-    """How a child ended, for a person: the signal by name (SIGKILL with the usual
-    culprit), or the exit status."""
+def describe_exit(returncode: int, oom_kills: int | None = None) -> str:
+    """How a child ended, for a person: the signal by name, or the exit status. For a
+    SIGKILL, ``oom_kills`` (the kernel's OOM kills while it ran, None if unknown) says
+    whether the OOM killer is a plausible sender."""
     if returncode >= 0:
         return f"exit status {returncode}"
     try:
         name = signal.Signals(-returncode).name
     except ValueError:
         name = f"signal {-returncode}"
-    if -returncode == signal.SIGKILL:
-        return f"{name}, possibly the kernel's OOM killer"
+    if -returncode != signal.SIGKILL:
+        return name
+    if oom_kills:
+        return (f"{name}; the kernel's OOM killer killed {oom_kills} process"
+                f"{'es' if oom_kills > 1 else ''} meanwhile, possibly this one (see dmesg)")
+    if oom_kills == 0:
+        return f"{name}, sent by another process (the kernel's OOM killer killed none)"
     return name
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (``/proc/vmstat``); None if unknown."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,8 +71,10 @@ class RestartPolicy:
 
     The n-th exit in a row (each after less than ``stable_s`` up) waits
     ``first_delay_s * 2**(n-1)``, at most ``max_delay_s``; a child that stayed up
-    ``stable_s`` starts over at ``first_delay_s``. ``max_exits`` exits within
-    ``window_s`` mean it cannot start (a bad setting, a missing model): give up."""
+    ``stable_s``, or that became ready (it served: what ended it came from outside,
+    a kill or a lost host resource), starts over at ``first_delay_s`` and is not
+    counted. ``max_exits`` exits within ``window_s``, each before the child became
+    ready, mean it cannot start (a bad setting, a missing model): give up."""
 
     first_delay_s: float = 1.0
     max_delay_s: float = 30.0
@@ -74,10 +94,16 @@ class ChildRecord:
     quick_exits: int = 0  # exits in a row, each soon after its start
     exits: deque[float] = field(default_factory=deque)  # when it exited, within the window
 
-    def exited(self, policy: RestartPolicy, started_at: float, now: float) -> float | None:
-        """Record an exit at ``now`` of the run started at ``started_at``: the seconds
-        to wait before starting it again, or None to give up."""
-        self.quick_exits = 1 if now - started_at >= policy.stable_s else self.quick_exits + 1
+    def exited(self, policy: RestartPolicy, started_at: float, now: float,
+               ready: bool = False) -> float | None:
+        """Record an exit at ``now`` of the run started at ``started_at`` (``ready``: it
+        had become ready): the seconds to wait before starting it again, or None to
+        give up."""
+        if ready or now - started_at >= policy.stable_s:
+            self.quick_exits = 1
+            self.exits.clear()  # a healthy run: the exits before it say nothing now
+            return policy.delay(1)
+        self.quick_exits += 1
         self.exits.append(now)
         while self.exits and self.exits[0] < now - policy.window_s:
             self.exits.popleft()
@@ -97,30 +123,38 @@ class _Child:
     record: ChildRecord = field(default_factory=ChildRecord)
     restart_at: float | None = None  # waiting for its backoff to pass
     last_exit: str = ""
+    ready: bool = False  # this run became ready
+    oom_kills: int | None = None  # the kernel's count when this run started
 
 
 class Supervisor:
     """Restarts the processes in ``procs`` (name -> process, kept up to date) when they
     exit. ``spawn(name)`` starts a child again and returns it; ``log_of(name)`` is
     where its output goes; ``say`` tells the user what happened. Call ``poll``
-    every fraction of a second; it raises :class:`ChildCrashLoop` to stop the stack."""
+    every fraction of a second; it raises :class:`ChildCrashLoop` to stop the stack.
+    ``ready(name)`` says whether child ``name``'s current run became ready (a child
+    that did is not in a crash loop, however often it is killed)."""
 
     def __init__(self, procs: dict[str, Child],
                  spawn: Callable[[str], Child],
                  log_of: Callable[[str], Path], say: Callable[[str], None],
                  policy: RestartPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ready: Callable[[str], bool] = lambda _name: False) -> None:
         self.procs, self.spawn, self.log_of, self.say = procs, spawn, log_of, say
         self.policy = policy or RestartPolicy()
-        self.clock = clock
-        now = clock()
-        self.children = {name: _Child(p, now) for name, p in procs.items()}
+        self.clock, self.ready = clock, ready
+        now, ooms = clock(), oom_kills()
+        self.children = {name: _Child(p, now, oom_kills=ooms) for name, p in procs.items()}
         self.restarts = 0
 
     def poll(self) -> None:
-        """Notice children that exited, and start those whose backoff has passed."""
+        """Notice children that became ready or exited, and start those whose backoff
+        has passed."""
         now = self.clock()
         for name, child in self.children.items():
+            if child.proc is not None and not child.ready:
+                child.ready = self.ready(name)
             if child.proc is not None and child.proc.poll() is not None:
                 self._exited(name, child, now)
             if child.restart_at is not None and now >= child.restart_at:
@@ -131,20 +165,24 @@ class Supervisor:
         kill_group(child.proc.pid)  # what it started (a pool child, gunicorn's workers)
         code = child.proc.poll()
         assert code is not None
-        child.last_exit = describe_exit(code)
+        now_ooms, then = oom_kills(), child.oom_kills
+        child.last_exit = describe_exit(
+            code, None if now_ooms is None or then is None else now_ooms - then)
         child.proc = None
-        wait = child.record.exited(self.policy, child.started_at, now)
+        wait = child.record.exited(self.policy, child.started_at, now, child.ready)
         if wait is None:
             raise ChildCrashLoop(
                 f"{name} keeps exiting soon after it starts ({len(child.record.exits)} "
                 f"times in {self.policy.window_s:g} s, last: {child.last_exit}); see "
                 f"{self.log_of(name)}")
         child.restart_at = now + wait
-        self.say(f"{name} exited ({child.last_exit}); restarting it in {wait:g} s "
-                 f"(log: {self.log_of(name)})")
+        self.say(f"{name} exited ({child.last_exit}"
+                 f"{', after it became ready' if child.ready else ''}); restarting it in "
+                 f"{wait:g} s (log: {self.log_of(name)})")
 
     def _start(self, name: str, child: _Child) -> None:
         child.restart_at = None
+        child.ready, child.oom_kills = False, oom_kills()
         child.proc = self.spawn(name)
         self.procs[name] = child.proc
         child.started_at = self.clock()

@@ -3,8 +3,8 @@
 Admin keys only (``api/__init__.py`` authenticates the blueprint). The shapes are the
 ``openai`` SDK's ``client.admin.organization.projects`` types, every required field
 present; a project's ``weight`` (its share of the batch lanes), a rate limit's
-``max_concurrent_streams`` and a project's data locations (where its batches read and
-write datasets in place) are inferq extensions.
+``max_concurrent_streams`` and ``max_tokens_per_realtime_request``, and a project's data
+locations (where its batches read and write datasets in place) are inferq extensions.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ class RateLimitUpdate(_Body):
     max_requests_per_1_day: Limit | None = None
     batch_1_day_max_input_tokens: Limit | None = None
     max_concurrent_streams: Annotated[int, Field(strict=True, ge=0, lt=2**31)] | None = None
+    max_tokens_per_realtime_request: Limit | None = None
     max_audio_megabytes_per_1_minute: None = None
     max_images_per_1_minute: None = None
 
@@ -241,13 +242,22 @@ def delete_key(project_id: str, api_key_id: str) -> Deleted:
 # Rate limits ----------------------------------------------------------------------------------
 
 
-def _limit(v: tenants.LimitView) -> RateLimit:
-    return RateLimit.of(v, context().settings.rate_limit_unlimited)
+class ProjectRateLimit(RateLimit):
+    """A rate limit with what one realtime generation may reserve (n x max_tokens; null:
+    no cap), an inferq extension."""
+
+    max_tokens_per_realtime_request: int | None = None
+
+
+def _limit(v: tenants.LimitView) -> ProjectRateLimit:
+    return ProjectRateLimit.of(v, context().settings.rate_limit_unlimited).model_copy(
+        update={"max_tokens_per_realtime_request":
+                v.values["max_tokens_per_realtime_request"]})
 
 
 @bp.get("/projects/<project_id>/rate_limits", params=(*PAGE, parameter(
     "before", "query", {"type": "string"})))
-def list_rate_limits(project_id: str) -> Page[RateLimit]:
+def list_rate_limits(project_id: str) -> Page[ProjectRateLimit]:
     after, limit = page_params()
     before = request.args.get("before") or None
     if before is not None and not ID.fullmatch(before):
@@ -263,12 +273,12 @@ def list_rate_limits(project_id: str) -> Page[RateLimit]:
         views = views[ids.index(after) + 1:]
     if before is not None:
         views = [v for v in views if v.id < before][-limit:]
-    return Page[RateLimit].of([_limit(v) for v in views[:limit]], len(views) > limit)
+    return Page[ProjectRateLimit].of([_limit(v) for v in views[:limit]], len(views) > limit)
 
 
 @bp.post("/projects/<project_id>/rate_limits/<rate_limit_id>", body=RateLimitUpdate,
          errors={409})
-def update_rate_limit(project_id: str, rate_limit_id: str) -> RateLimit:
+def update_rate_limit(project_id: str, rate_limit_id: str) -> ProjectRateLimit:
     tenants.get_project(context(), project_id)  # an unknown project: 404 whatever the body
     req: RateLimitUpdate = _body(RateLimitUpdate)
     changes = {f: getattr(req, f) for f in req.model_fields_set if f in tenants.LIMIT_FIELDS}

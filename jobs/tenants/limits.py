@@ -14,6 +14,12 @@ Tokens are reserved at admission as an estimate (``request_tokens``) and correct
 when the real counts are known (``settle``: the worker's ``usage``), refunding or
 charging the difference in the window the reservation is in.
 
+A realtime generation may reserve at most ``realtime_request_tokens`` of the engine's
+work: its sequences (``n``, or ``best_of``) times its ``max_tokens`` (by default what
+its prompt leaves of the context); beyond that it is a 400 naming the parameter
+(``reservation_refused``), checked by the API where the body says both and by the
+worker once the prompt's length is known.
+
 Limits come from the ``rate_limits`` rows (per project and model); a missing row or a
 NULL column means the deployment's default from settings, where 0 means unlimited.
 Rows are cached per process for at most ``CACHE_TTL_S``, so a change made through the
@@ -33,7 +39,7 @@ import redis
 
 from jobs.core.access_tables import RateLimit
 from jobs.core.context import Context
-from jobs.core.errors import InferqError, Unavailable
+from jobs.core.errors import InferqError, InvalidRequest, Unavailable
 from jobs.core.schema import new_id
 from jobs.tenants.rate_windows import (
     DAY_BUCKET_MS,
@@ -71,13 +77,15 @@ class Limits:
     requests_per_day: int = 0
     batch_day_input_tokens: int = 0
     concurrent_streams: int = 0
+    realtime_request_tokens: int = 0  # n x max_tokens of one realtime generation
 
 
 def defaults(ctx: Context) -> Limits:
     st = ctx.settings
     return Limits(st.default_max_requests_per_1_minute, st.default_max_tokens_per_1_minute,
                   st.default_max_requests_per_1_day, st.default_batch_1_day_max_input_tokens,
-                  st.default_max_concurrent_streams)
+                  st.default_max_concurrent_streams,
+                  st.default_max_tokens_per_realtime_request)
 
 
 def from_row(row: RateLimit | None, default: Limits) -> Limits:
@@ -92,7 +100,25 @@ def from_row(row: RateLimit | None, default: Limits) -> Limits:
                   pick(row.max_tokens_per_1_minute, default.tokens_per_minute),
                   pick(row.max_requests_per_1_day, default.requests_per_day),
                   pick(row.batch_1_day_max_input_tokens, default.batch_day_input_tokens),
-                  pick(row.max_concurrent_streams, default.concurrent_streams))
+                  pick(row.max_concurrent_streams, default.concurrent_streams),
+                  pick(row.max_tokens_per_realtime_request, default.realtime_request_tokens))
+
+
+def reservation_refused(cap: int, sequences: int, max_tokens: int,
+                        param: str = "n") -> InvalidRequest | None:
+    """The 400 of a realtime generation of ``sequences`` sequences of up to ``max_tokens``
+    tokens each when that reserves more than ``cap`` tokens (0: no cap), else None. It
+    names ``max_tokens`` when that alone is over the cap, else ``param`` (``n``, or
+    ``best_of`` when that is what asks for the sequences)."""
+    reserved = sequences * max_tokens
+    if cap <= 0 or reserved <= cap:
+        return None
+    name = "max_tokens" if max_tokens > cap else param
+    return InvalidRequest(
+        f"{name}: this request reserves {sequences} x {max_tokens} = {reserved} tokens "
+        f"({param} x max_tokens, max_tokens by default what the prompt leaves of the "
+        f"context); a realtime request of this project may reserve at most {cap} tokens. "
+        f"Lower {name}", param=name, code="request_too_large")
 
 
 _lock = threading.Lock()

@@ -30,7 +30,7 @@ RATE_LIMIT_PREFIX = "rl-"
 # The limit kinds a project may have per model (columns of ``rate_limits``).
 LIMIT_FIELDS = ("max_requests_per_1_minute", "max_tokens_per_1_minute",
                 "max_requests_per_1_day", "batch_1_day_max_input_tokens",
-                "max_concurrent_streams")
+                "max_concurrent_streams", "max_tokens_per_realtime_request")
 MAX_WEIGHT = 10_000
 
 
@@ -280,7 +280,7 @@ def _view(ctx: Context, model: str, row: RateLimit | None) -> LimitView:
     effective = limits.from_row(row, limits.defaults(ctx))
     values = (effective.requests_per_minute, effective.tokens_per_minute,
               effective.requests_per_day, effective.batch_day_input_tokens,
-              effective.concurrent_streams)
+              effective.concurrent_streams, effective.realtime_request_tokens)
     return LimitView(model, {f: v or None for f, v in zip(LIMIT_FIELDS, values, strict=True)},
                      {f: None if row is None else getattr(row, f) for f in LIMIT_FIELDS})
 

@@ -4,11 +4,13 @@ working directory, log and process group, and the stack sees it like a Popen."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,26 @@ def test_a_killed_forked_worker_reports_its_signal(tmp_path: Path) -> None:
     assert p.poll() is None and p.returncode is None
     os.killpg(p.pid, signal.SIGKILL)  # its group: what it started goes too
     assert p.wait(30) == -signal.SIGKILL
+
+
+def test_a_killed_worker_whose_child_lives_on_reads_as_exited(tmp_path: Path) -> None:
+    """What the worker started (a model's engine core) may outlive it in its group: the
+    worker's own death is what the stack sees, so it restarts the worker and kills the
+    group."""
+    st = stack(tmp_path)
+    p = st.spawn("worker-probe", [*PROBE, "orphan"], True)
+    log = st.log_path("worker-probe")
+    deadline = time.monotonic() + 60
+    while len(log.read_text().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = json.loads(log.read_text().splitlines()[1])["child"]
+    try:
+        os.kill(p.pid, signal.SIGKILL)  # the worker alone; its child lives on
+        assert p.wait(30) == -signal.SIGKILL
+        os.kill(child, 0)  # (still there: the group outlived the worker)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def test_without_the_fork_server_a_worker_is_a_new_interpreter(tmp_path: Path) -> None:

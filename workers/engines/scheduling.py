@@ -1,14 +1,25 @@
 """What every engine of a worker shares: a thread of its own runs its loop and sleeps on
 one condition until there is work, and ``stop`` ends it. The generation engines also
 share their queue: requests wait in a heap by (priority, order), realtime (0) first,
-then in the order they came."""
+then in the order they came.
+
+Realtime work is shared among projects (its request's ``project``): the next realtime
+sequence admitted is the oldest of the project holding the fewest engine rows
+(``fair_index``), and when the rows are full a project below its share of them
+(``share``: the realtime rows divided among the projects with realtime work) takes a
+row from the project furthest above its share (``over_share``); on an engine that
+cannot take a row back (vLLM), the last rows (past ``ceiling``) are kept for projects
+holding none, whatever holds the others (batch work included). So
+a project's request of many choices (n x max_tokens) cannot hold every row while
+another's request waits."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from workers.engines.fanout import Scored, sequences
@@ -58,6 +69,68 @@ class Queued(Scored, Protocol):
 
     priority: int
     order: int
+
+    @property
+    def req(self) -> GenRequest: ...
+
+
+def project_of(q: Queued) -> str:
+    """The project a sequence's request is billed to ("" for none)."""
+    return q.req.project
+
+
+def fair_index(waiting: list[tuple[int, int, Q]], held: Counter[str]) -> int:
+    """The index in the heap ``waiting`` of the sequence to admit next: its head, unless
+    the head is realtime: then, of the realtime sequences, the oldest of the project
+    holding the fewest rows (``held``, by project: running or admitted this step)."""
+    if not waiting or waiting[0][0] != 0:
+        return 0
+    best, key = 0, (held[project_of(waiting[0][2])], waiting[0][1])
+    for i, (prio, order, q) in enumerate(waiting):
+        if prio == 0 and (k := (held[project_of(q)], order)) < key:
+            best, key = i, k
+    return best
+
+
+def take(waiting: list[tuple[int, int, Q]], i: int) -> Q:
+    """Remove and return the sequence at index ``i`` of the heap ``waiting``."""
+    if i == 0:
+        return heapq.heappop(waiting)[2]
+    item = waiting[i]
+    waiting[i] = waiting[-1]
+    waiting.pop()
+    heapq.heapify(waiting)
+    return item[2]
+
+
+def projects_waiting(waiting: Iterable[tuple[int, int, Q]]) -> set[str]:
+    """The projects with realtime sequences waiting."""
+    return {project_of(q) for prio, _, q in waiting if prio == 0}
+
+
+def share(rows: int, held: Counter[str], waiting: set[str]) -> int:
+    """A project's share of ``rows`` realtime rows: divided among the projects holding
+    some (``held``) or waiting for some (``waiting``); at least one."""
+    active = {p for p, n in held.items() if n > 0} | waiting
+    return max(1, rows // max(1, len(active)))
+
+
+def ceiling(rows: int) -> int:
+    """On an engine that cannot free a row for another project's (vLLM): the rows in use
+    beyond which only a project holding none takes one: all but a reserve of an eighth
+    (at least one)."""
+    return max(1, rows - max(1, rows // 8))
+
+
+def over_share(project: str, rows: int, held: Counter[str], waiting: set[str]) -> str | None:
+    """When the rows are full and ``project`` waits: the project whose row it takes (the
+    one holding the most, above its share), or None when ``project`` already holds its
+    share or nobody is above theirs."""
+    fair = share(rows, held, waiting | {project})
+    if held[project] >= fair:
+        return None
+    top = max((p for p in held if p != project), key=lambda p: held[p], default=None)
+    return top if top is not None and held[top] > fair else None
 
 
 Q = TypeVar("Q", bound=Queued)

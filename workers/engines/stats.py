@@ -19,6 +19,7 @@ class GenStats:
     oom_splits: int = 0  # prefills split in halves
     preemptions: int = 0  # sequences sent back to the queue by a decode step's OOM
     oom_failures: int = 0  # sequences that did not fit even alone
+    yielded: int = 0  # realtime rows given up to another project's (its share of rows)
     fault_splits: int = 0  # passes that raised (not out of memory), run again in halves
     faults: int = 0  # sequences whose forward pass or sampling raised alone
     prefill_tokens: int = 0  # prompt tokens computed by prefills
@@ -36,6 +37,7 @@ class GenStats:
                 "tokens_by_priority": {str(k): v for k, v in self.tokens_by_priority.items()},
                 "max_rows": self.max_rows, "oom_splits": self.oom_splits,
                 "preemptions": self.preemptions, "oom_failures": self.oom_failures,
+                "yielded": self.yielded,
                 "fault_splits": self.fault_splits, "faults": self.faults,
                 "prefill_tokens": self.prefill_tokens, "cached_tokens": self.cached_tokens,
                 "chunks": self.chunks, "refills": self.refills,

@@ -15,6 +15,11 @@ by the placement (a request for a version no live worker holds) and the warm poo
 (jobs.fleet.placement.reconcile): ``{"op": "load" | "unload", "ref": ..., "reason": ...}``.
 Loads and unloads are counted by reason (``inferq_model_loads``), and each load is
 recorded in Redis (``jobs.fleet.placement.record_load``) where ``inferq models list`` reads it.
+
+A generation engine that broke (``broken``: vLLM's core died) is built again in the
+background (``Resident.broke``); until it is, the version is not announced as held
+(nothing is routed to it, its shard queue is not consumed) and its engine is not
+reported.
 """
 
 from __future__ import annotations
@@ -61,17 +66,63 @@ class Resident:
     served: int = 0
     reason: str = "configured"
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rebuilding: bool = False  # its engine broke and is being built again
+    stopped: bool = False
+    on_change: Callable[[], None] | None = None  # what it serves changed (its Residency)
 
     @property
     def ref(self) -> str:
         return refs.model_ref(self.model.name, self.model.version)
 
     def generator(self) -> Engine:
+        """Its generation engine: built on first use, and again in place of one that
+        broke."""
         assert self.chat is not None
         with self.lock:
+            gen = self.generation
+            if gen is not None and getattr(gen, "broken", None) is not None:
+                self.generation = None
+                gen.stop()
             if self.generation is None:
                 self.generation = self.chat()
+                if self.stopped:  # unloaded while it was being built
+                    self.generation.stop()
             return self.generation
+
+    @property
+    def ready(self) -> bool:
+        """Whether it serves: not a broken engine, nor one being built again."""
+        gen = self.generation
+        return not self.rebuilding and (gen is None or getattr(gen, "broken", None) is None)
+
+    def broke(self, e: BaseException) -> None:
+        """Its engine broke (its engine's thread tells): announced as not held, then
+        built again in the background; a rebuild that fails leaves it not held, and
+        the next request for it tries again."""
+        self.rebuilding = True
+        self._changed()
+        threading.Thread(target=self._rebuild, args=(e,), name="inferq-rebuild",
+                         daemon=True).start()
+
+    def _rebuild(self, e: BaseException) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.generator()
+            log.info("%s: its engine, broken (%s: %s), built again in %.1f s", self.ref,
+                     type(e).__name__, e, time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001 - the worker keeps serving its other versions
+            log.exception("%s: building its broken engine again failed", self.ref)
+            return
+        finally:
+            self.rebuilding = False
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # noqa: BLE001 - announced at the next heartbeat instead
+                log.exception("announcing %s", self.ref)
 
     def busy(self) -> int:
         """Work waiting in or running on this version's engine."""
@@ -91,6 +142,7 @@ class Resident:
         return True
 
     def stop(self) -> None:
+        self.stopped = True
         if self.engine is not None:
             self.engine.stop()
         if self.generation is not None:
@@ -148,8 +200,9 @@ class Residency:
         return res.generator()
 
     def refs(self) -> list[str]:
+        """The versions it serves now (not one whose engine is being built again)."""
         with self._lock:
-            return list(self._held)
+            return [ref for ref, r in self._held.items() if r.ready]
 
     def residents(self) -> list[Resident]:
         with self._lock:
@@ -242,6 +295,7 @@ class Residency:
     def hold(self, res: Resident, reason: str) -> None:
         """Add a loaded version (``load`` does, after its loader)."""
         res.reason = reason
+        res.on_change = self._changed
         with self._lock:
             self._held[res.ref] = res
             self.loads[reason] = self.loads.get(reason, 0) + 1
@@ -283,6 +337,7 @@ class Residency:
             loading = sorted(self._loading)
         return {"budget_bytes": self.budget, "used_bytes": sum(r.bytes for r in held),
                 "busy": sum(r.busy() for r in held), "loading": loading,
+                "rebuilding": sorted(r.ref for r in held if not r.ready),
                 "models": [{"ref": r.ref, "kind": r.model.kind, "bytes": r.bytes,
                             "loaded_at": r.loaded_at, "last_used": r.last_used,
                             "served": r.served, "reason": r.reason} for r in held],

@@ -6,6 +6,9 @@ uncommitted, its Celery consumers are cancelled, the realtime and jobs lanes sto
 reading, and its heartbeat says so) instead of turning every request into an error
 or retrying in a storm. After a cooldown it half-opens and takes work again; the
 next good pass closes it, the next failure opens it for twice as long.
+
+An engine that broke (vLLM's core died: ``workers.engines.vllm``) trips it at once
+(``trip``): nothing that engine held can run until it is rebuilt.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ class Breaker:
     def allow(self) -> bool:
         """Whether to take work now; the lanes and the shard pipeline ask before each step."""
         return self.state != BreakerState.OPEN
+
+    def trip(self) -> None:
+        """Open now, whatever the count (a broken engine); already open: as it is."""
+        with self._lock:
+            if self.state == BreakerState.OPEN:
+                return
+            if self.opened_at is not None:  # half-open: failed again
+                self.cooldown_s = min(self.max, self.cooldown_s * 2)
+            self.failures = max(self.failures + 1, self.threshold)
+            self.opened_at = self.clock()
+            self.opens += 1
+        for cb in self.on_open:
+            cb(self.cooldown_s)
 
     def record(self, ok: bool) -> None:
         """Called by the engine after every forward pass."""

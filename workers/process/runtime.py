@@ -65,10 +65,14 @@ class Service(Protocol):
         """Stop taking work and release what the service holds."""
 
 
-def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
-                      ) -> Engine:
+def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path,
+                      on_pass: Callable[[bool], None] | None = None,
+                      on_broken: Callable[[BaseException], None] | None = None) -> Engine:
     """A generation engine over the chat model version ``m`` (its files at ``path``): on
-    the engine the version names (``jobs.fleet.folder_checks.engine_for``)."""
+    the engine the version names (``jobs.fleet.folder_checks.engine_for``). A vLLM
+    engine runs its core in a process of its own (``workers.engines.vllm``): one that
+    fails to build here leaves the others as they were. ``on_pass(True)`` after each of
+    its good steps, ``on_broken(error)`` when it broke (the breaker's)."""
     st = settings
     config = orjson.loads((path / "config.json").read_bytes())
     here = folder_checks.vllm_architectures()
@@ -87,7 +91,8 @@ def generation_engine(ctx: Context, settings: Settings, m: Model, path: Path
                               max_rows=st.max_generation_rows * 2,
                               kv_cache_bytes=st.vllm_kv_cache_mb << 20,
                               enforce_eager={"always": True, "never": False}.get(st.vllm_eager),
-                              on_step=metrics.step_recorder(m.name))
+                              on_step=metrics.step_recorder(m.name), on_pass=on_pass,
+                              on_broken=on_broken)
         except Exception as e:
             if m.engine == registry.VLLM:  # asked for by name: the load fails, and says why
                 raise Unavailable(f"{m.name}@{m.version} could not be loaded on the vllm "
@@ -142,7 +147,14 @@ class Loader:
             found = local_dir(self.ctx, m)
         except ValueError as e:
             raise Unavailable(f"the chat model {m.name}@{m.version} cannot be had: {e}") from e
-        res = Resident(m, size, chat=lambda: generation_engine(self.ctx, st, m, found))
+        res = Resident(m, size)
+
+        def broken(e: BaseException) -> None:  # its engine's thread: before its rows fail
+            self.breaker.trip()
+            res.broke(e)
+
+        res.chat = lambda: generation_engine(self.ctx, st, m, found,
+                                             on_pass=self.breaker.record, on_broken=broken)
         if st.preload_chat_model:
             res.generator()
         return res
@@ -188,7 +200,7 @@ class WorkerRuntime:
                "breaker": self.breaker.state, "models": self.models(),
                "resident": self.resident(), "residency": self.residency.snapshot(),
                "engines": {r.ref: r.generation.name for r in self.residency.residents()
-                           if r.generation is not None},
+                           if r.generation is not None and r.ready},
                "stats": self.stats(), "metrics_url": metrics.url(),
                "service": self.service.snapshot(), "accelerator": self.accelerator}
         if self.accelerator == simulated.ACCELERATOR:
@@ -210,8 +222,16 @@ class WorkerRuntime:
         return out
 
     def stop(self) -> None:
-        """Called at the pool child's shutdown: lanes stop reading, engines stop, then
-        each lane releases what it holds (the jobs lane's writes finish)."""
+        """Called at the pool child's shutdown: lanes stop reading; the realtime lane's
+        requests in flight get what is left of ``INFERQ_DRAIN_S`` since the SIGTERM to
+        end (``RealtimeConsumer.drain``; the heartbeat beats on meanwhile); engines stop,
+        then each lane releases what it holds (the jobs lane's writes finish)."""
+        for t in self.threads:
+            if not isinstance(t, Heartbeat):
+                t.stopping.set()
+        for t in self.threads:
+            if isinstance(t, RealtimeConsumer):
+                t.drain()
         for t in self.threads:
             t.stopping.set()
         self.residency.stop()
@@ -237,9 +257,11 @@ def initial_models(settings: Settings) -> list[str]:
 
 def build_runtime(settings: Settings, ctx: Context,
                   on_breaker_open: Callable[[float], None],
-                  on_residency: Callable[[], None] | None = None) -> WorkerRuntime:
+                  on_residency: Callable[[], None] | None = None,
+                  draining: Callable[[], bool] | None = None) -> WorkerRuntime:
     """Load the models, start the engines, then the lanes this worker serves and its
-    heartbeat. Called once per pool child that serves a model lane."""
+    heartbeat. Called once per pool child that serves a model lane; ``draining()`` turns
+    true when the worker is stopping (SIGTERM)."""
     if settings.accelerator != simulated.ACCELERATOR and settings.torch_threads:
         import torch
 
@@ -264,7 +286,7 @@ def build_runtime(settings: Settings, ctx: Context,
                        service=ServiceMeter(settings.admission_service_window_s))
     residency.on_change = on_residency
     metrics.register_runtime(rt)
-    _start_lanes(rt)
+    _start_lanes(rt, draining)
     where: str = accelerator
     if accelerator == simulated.ACCELERATOR:
         where = (f"simulated accelerator, profile {settings.simulated_profile} "
@@ -283,14 +305,15 @@ def load_embedding_version(settings: Settings, ctx: Context, m: Model) -> Embedd
                           fault_fail=settings.fault_model_fails, precision=m.precision)
 
 
-def _start_lanes(rt: WorkerRuntime) -> None:
+def _start_lanes(rt: WorkerRuntime, draining: Callable[[], bool] | None = None) -> None:
     st, lanes = rt.settings, rt.settings.lane_set
     realtime: RealtimeConsumer | None = None
     if "realtime" in lanes:
         realtime = RealtimeConsumer(rt.ctx.redis, rt.residency, st.max_embedding_inputs,
                                     allow=rt.breaker.allow, meter=UsageWriter(rt.ctx),
                                     service=rt.service, max_pending=st.max_batch_rows,
-                                    on_demand=st.placement == "on_demand")
+                                    on_demand=st.placement == "on_demand", name=rt.name,
+                                    draining=draining, drain_s=st.drain_s)
         rt.threads.append(realtime)
     if "jobs" in lanes:
         rt.threads.append(JobsConsumer(rt.ctx, rt.residency, rt.name, allow=rt.breaker.allow))

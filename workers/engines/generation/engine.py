@@ -15,25 +15,30 @@ running batch's cache rows, ``rows``'s. A request of several choices runs as
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from jobs.tenants.usage import split
 from workers.engines.embeddings import blame
+from workers.engines.fanout import twins
 from workers.engines.generation.grammars import Grammars
 from workers.engines.generation.passes import Passes
 from workers.engines.generation.sequence import Seq
 from workers.engines.prefix_cache import PrefixCache
 from workers.engines.request import GenRequest
+from workers.engines.scheduling import fair_index, over_share, project_of, projects_waiting, take
 from workers.engines.sinks import FinishReason, Sink
 from workers.engines.stats import GenStats
 from workers.engines.token_texts import TokenTexts
 from workers.models.chat import KV, ChatModel, Past
+
+Prefilled = tuple[list[Seq], torch.Tensor, KV, list[int]]  # (group, logits, cache, computed)
 
 log = logging.getLogger("inferq.generation")
 
@@ -134,22 +139,30 @@ class GenerationEngine(Passes):
         """Called under the lock each step: pop waiting sequences that fit, in priority
         order, within the step's prefill budget; the first that does not fit whole
         takes what is left of the budget as a chunk. Realtime rows are never joined by
-        other prefills in their step."""
+        other prefills in their step. Realtime sequences are taken fairly by project
+        (``scheduling.fair_index``); one that finds the rows full while its project is
+        below its share takes a row of the project furthest above its (``_yield_row``)."""
         out: list[Seq] = []
         budget = self.prefill_budget()
         live = self._live()
         rows = len(live)
         batch_rows = sum(s.priority != 0 for s in live)  # realtime takes no slot
+        held = Counter(project_of(s) for s in live if s.priority == 0)
+        starts: set[int] = set()  # requests one of whose sequences starts whole this step
         cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
         while self._waiting and budget > 0:
-            prio, _, s = self._waiting[0]
+            i = fair_index(self._waiting, held)
+            prio, _, s = self._waiting[i]
             full = rows >= cap or (prio != 0 and batch_rows >= self.max_batch_rows)
+            if full and prio == 0 and self._yield_row(project_of(s), cap - batch_rows, held):
+                rows -= 1  # (its row went back to the queue: pick again)
+                continue
             # A step that prefills realtime rows prefills nothing else: their first
             # token is due at its end, and other prefills would lengthen it.
             if full or (prio != 0 and out and out[0].priority == 0):
                 break
+            take(self._waiting, i)
             if s.done or s.sink.cancelled():
-                heapq.heappop(self._waiting)
                 if not s.done and s.started:  # preempted, then its caller went away
                     self._abandon(s)
                 continue
@@ -157,16 +170,78 @@ class GenerationEngine(Passes):
             done = max(s.past.length if s.past is not None else 0,
                        self.cache.cached(tokens) if self.cache is not None else 0)
             need = len(tokens) - done
-            heapq.heappop(self._waiting)
+            fresh = not s.generated and s.past is None
+            if fresh and id(s.req) in starts:
+                need = 0  # its prompt is computed once for the request (``_prefill``)
             out.append(s)
+            if prio == 0:
+                held[project_of(s)] += 1
             if need > budget:  # a chunk now, the rest in later steps
                 s.chunk_to = done + budget
                 break
             s.chunk_to = None
+            if fresh:
+                starts.add(id(s.req))
             rows += 1
             batch_rows += prio != 0
             budget -= need
         return out
+
+    def _prefill(self, seqs: list[Seq], crowded: bool, deferred: list[Seq]
+                 ) -> list[Prefilled]:
+        """``Passes._prefill``, with the sequences of one request that start together
+        from its prompt (``fanout.twins``: a request of n choices) computing it once:
+        the others take its logits and its row of the cache as theirs (nothing computed,
+        nothing charged). One whose twin was deferred is deferred; one whose twin failed
+        alone fails with it."""
+        copies = twins(seqs)
+        if not copies:
+            return super()._prefill(seqs, crowded, deferred)
+        later = {j for js in copies.values() for j in js}
+        firsts = [s for i, s in enumerate(seqs) if i not in later]
+        rest = {id(seqs[i]): [seqs[j] for j in js] for i, js in copies.items()}
+        out: list[Prefilled] = []
+        for group, logits, kv, computed in super()._prefill(firsts, crowded, deferred):
+            rows, grown, done = [], [], []
+            for i, s in enumerate(group):
+                for t in [s, *rest.pop(id(s), [])]:
+                    rows.append(i)
+                    grown.append(t)
+                    done.append(computed[i] if t is s else 0)
+            if len(rows) > len(group):
+                logits, kv = logits[rows], kv.select(rows)
+            out.append((grown, logits, kv, done))
+        failed = {id(s): e for s, e in self._faults}
+        for key, left in rest.items():  # their twin was deferred, or failed alone
+            for t in left:
+                if key in failed:
+                    self._fault(t, failed[key])
+                else:
+                    deferred.append(t)
+        return out
+
+    def _yield_row(self, project: str, rows: int, held: Counter[str]) -> bool:
+        """The rows are full and ``project`` waits for one: if it is below its share of
+        the ``rows`` realtime rows, the project furthest above its share gives up its
+        running row of least output (``scheduling.over_share``): it goes back to the
+        queue with what it generated and resumes as a preempted row does (a prefill of
+        prompt + output, nothing sent twice). True when a row was freed."""
+        donor = over_share(project, rows, held, projects_waiting(self._waiting))
+        if donor is None:
+            return False
+        slot = min((j for j, r in enumerate(self._running)
+                    if not r.done and r.priority == 0 and project_of(r) == donor),
+                   key=lambda j: (len(self._running[j].generated), -self._running[j].order),
+                   default=None)
+        if slot is None:
+            return False
+        victim = self._running[slot]
+        self._running[slot] = replace(victim, done=True)  # a hole, until a row joins
+        victim.past, victim.chunk_to = None, None
+        held[donor] -= 1
+        self.stats.yielded += 1
+        self._enqueue(victim)
+        return True
 
     def step(self, admitted: list[Seq]) -> None:
         """One engine step: prefill the admitted, then decode every running sequence.
