@@ -23,6 +23,17 @@ per interruption) and rows started again (handed to the engine more than once,
 Workload: bench.workload.texts(N, seed=0). The lease is shortened to --lease
 seconds so a killed worker's shard is handed on sooner; everything else is the
 default configuration, the same for both runs.
+
+``--mode generation``: a chat batch instead (greedy, max_tokens 16-96, --chat-model
+on the engine ``--engine`` names: vllm, the default configuration's, or transformers),
+and each SIGKILL (and the SIGTERM) is timed while a
+shard is running (workers build the chat engine before they take a shard): its victim
+is a worker whose pool child has held a running shard for U(0.5, 1.5) x --kill-every
+seconds (mid-generation, never as its attempt starts).
+Also checked: 0 failed rows, every output equal to the undisturbed run's (greedy,
+row by row), and the batch's usage equal to the sum of its lines'. A generation row
+"started again" resumes after the tokens its shard's last commit saved of it
+(jobs/batches/resume.py), not from its prompt.
 """
 
 from __future__ import annotations
@@ -64,8 +75,8 @@ class Events:
 class Supervisor:
     """Keeps ``size`` model workers running; names are never reused."""
 
-    def __init__(self, stack: Any, size: int) -> None:
-        self.stack, self.size = stack, size
+    def __init__(self, stack: Any, size: int, **env: str) -> None:
+        self.stack, self.size, self.env = stack, size, env
         self.n = 0
         self.live: dict[str, Child] = {}
         self.spawned: dict[str, float] = {}  # name -> wall-clock start
@@ -78,11 +89,14 @@ class Supervisor:
                 name = f"w{self.n}"
                 self.n += 1
                 self.spawned[name] = time.time()
-                self.live[name] = self.stack.start_model_worker(name, "batch")
+                self.live[name] = self.stack.start_model_worker(name, "batch", **self.env)
 
-    def take(self, rng: random.Random) -> Child:
+    def take(self, rng: random.Random, among: set[int] | None = None) -> Child:
+        """A live worker (one whose pid is in ``among``, when given and any is) leaves
+        the pool, for the caller to stop."""
         with self.lock:
-            name = rng.choice(sorted(self.live))
+            names = sorted(n for n, p in self.live.items() if among is None or p.pid in among)
+            name = rng.choice(names or sorted(self.live))
             self.stack.procs.pop(f"worker-{name}", None)
             self.ended[name] = time.time()
             return self.live.pop(name)
@@ -115,6 +129,32 @@ def kill_group(p: Child) -> None:
     p.wait()
 
 
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def holders(stack: Any, batch_id: str) -> dict[int, float]:
+    """The workers (the supervised processes' pids) whose pool child holds a running
+    shard of the batch, with how long its attempt has run (seconds)."""
+    from sqlalchemy import select
+
+    from jobs.core.context import Context
+    from jobs.core.schema import Shard
+
+    ctx = Context(stack.settings)
+    try:
+        with ctx.db.session() as s:
+            held = s.execute(select(Shard.worker, Shard.claimed_at).where(
+                Shard.batch_id == batch_id, Shard.status == "running")).all()
+    finally:
+        ctx.close()
+    now = time.time()
+    return {parent_of(int(w.rsplit(":", 1)[1])): now - (at or now) for w, at in held if w}
+
+
 def progress(client: Any, batch_id: str, ev: Events) -> Any:
     from openai import APIError
 
@@ -131,14 +171,23 @@ def chaos(sup: Supervisor, redis_server: Any, client: Any, batch_id: str,
     rng = random.Random(args.seed)
     sigtermed = redis_restarted = False
     next_kill = time.perf_counter() + args.kill_every * rng.uniform(0.5, 1.5)
+    generation = args.mode == "generation"
+    hold = args.kill_every * rng.uniform(0.5, 1.5)
     while not done.wait(0.2):
         b = progress(client, batch_id, ev)
         frac = (b.request_counts.completed / total) if b is not None else 0.0
         if b is not None and b.status not in ("validating", "in_progress"):
             return
+        running = None
+        if generation:  # kills only mid-generation: of a live worker whose attempt at a
+            # shard has run ``hold`` seconds (drawn as the gaps between kills are)
+            running = {pid for pid, ran in holders(sup.stack, batch_id).items()
+                       if ran >= hold}
+            if not running.intersection(p.pid for p in sup.live.values()):
+                continue
         if not sigtermed and frac >= 0.25:
             sigtermed = True
-            p = sup.take(rng)
+            p = sup.take(rng, running)
             t = time.perf_counter()
             os.kill(p.pid, signal.SIGTERM)
             ev.note(t0, f"SIGTERM worker pid {p.pid}")
@@ -149,6 +198,7 @@ def chaos(sup: Supervisor, redis_server: Any, client: Any, batch_id: str,
             ev.sigterm_drain_s = time.perf_counter() - t
             ev.note(t0, f"  drained and exited in {ev.sigterm_drain_s:.1f}s")
             sup.fill()
+            continue  # the batch and its shards' holders have moved on meanwhile
         if not redis_restarted and frac >= 0.5:
             redis_restarted = True
             t = time.perf_counter()
@@ -158,13 +208,15 @@ def chaos(sup: Supervisor, redis_server: Any, client: Any, batch_id: str,
             redis_server.start()
             ev.redis_down_s = time.perf_counter() - t
             ev.note(t0, f"  redis-server back after {ev.redis_down_s:.1f}s")
+            continue
         if time.perf_counter() >= next_kill:
-            p = sup.take(rng)
+            p = sup.take(rng, running)
             kill_group(p)
             ev.kills += 1
             ev.note(t0, f"SIGKILL worker pid {p.pid} at {frac:.0%}")
             sup.fill()
             next_kill = time.perf_counter() + args.kill_every * rng.uniform(0.5, 1.5)
+            hold = args.kill_every * rng.uniform(0.5, 1.5)
 
 
 def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
@@ -180,8 +232,8 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
     t0 = time.perf_counter()
     with path.open("rb") as fh:
         f = client.files.create(file=(path.name, fh), purpose="batch")
-    b = client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
-                              completion_window="24h")
+    endpoint = "/v1/chat/completions" if args.mode == "generation" else "/v1/embeddings"
+    b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h")
     done = threading.Event()
     th = None
     if disturbed:
@@ -198,7 +250,13 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
     out = client.files.content(b.output_file_id).read().splitlines() \
         if b.output_file_id else []
     err = client.files.content(b.error_file_id).read().splitlines() if b.error_file_id else []
-    seen = Counter(json.loads(x)["custom_id"] for x in out + err if x)
+    lines = [json.loads(x) for x in out if x]
+    seen = Counter(x["custom_id"] for x in lines + [json.loads(x) for x in err if x])
+    answers = {x["custom_id"]: answer(x["response"]["body"]) for x in lines}
+    used = [x["response"]["body"].get("usage") or {} for x in lines]
+    usage_ok = (b.usage is None or (b.usage.input_tokens == sum(u.get("prompt_tokens", 0)
+                                                                for u in used)
+                and b.usage.output_tokens == sum(u.get("completion_tokens", 0) for u in used)))
     ctx = Context(stack.settings)
     with ctx.db.session() as s:
         rows = s.execute(select(Shard.attempt, Shard.stalls, Shard.rows_started,
@@ -225,7 +283,27 @@ def run(stack: Any, sup: Supervisor, redis_server: Any, client: Any, path: Path,
         "sigterm_drain_s": ev.sigterm_drain_s,
         "sigterm_exit": ev.sigterm_exit, "redis_down_s": ev.redis_down_s,
         "api_errors_while_polling": ev.api_errors, "events": ev.log,
+        "usage_equals_lines": usage_ok, "answers": answers,
     }
+
+
+def answer(body: dict[str, Any]) -> Any:
+    """What a row's output says (choices for chat; embeddings are compared by count)."""
+    return body.get("choices") or len(body.get("data") or [])
+
+
+def write_chat_jsonl(path: Path, n: int, model: str, seed: int) -> None:
+    """``n`` greedy chat requests of 16 to 96 tokens."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i, (_, text) in enumerate(texts(n, seed=seed, max_sentences=3)):
+            f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST",
+                                "url": "/v1/chat/completions",
+                                "body": {"model": model, "temperature": 0,
+                                         "max_tokens": rng.randint(16, 96),
+                                         "messages": [{"role": "user", "content":
+                                                       f"Continue this story: {text}"}]}})
+                    + "\n")
 
 
 def main() -> None:
@@ -239,7 +317,13 @@ def main() -> None:
     ap.add_argument("--lease", type=float, default=10.0)
     ap.add_argument("--notice", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mode", choices=("embeddings", "generation"), default="embeddings")
+    ap.add_argument("--chat-model", default="SmolLM2-135M-Instruct",
+                    help="generation: the chat model")
+    ap.add_argument("--engine", choices=("vllm", "transformers"), default="vllm",
+                    help="generation: the engine the chat model runs on")
     args = ap.parse_args()
+    gen = args.mode == "generation"
 
     from openai import OpenAI
 
@@ -249,20 +333,30 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         st = Settings(data_dir=Path(tmp), api_port=free_port(), lease_seconds=args.lease,
-                      chat_model="", spot_notice_s=args.notice, torch_threads=1)
+                      chat_model=args.chat_model if gen else "", spot_notice_s=args.notice,
+                      torch_threads=1, auto_engine=args.engine)
         path = Path(tmp) / "input.jsonl"
-        write_embeddings_jsonl(path, texts(args.n, seed=0))
+        if gen:
+            write_chat_jsonl(path, args.n, args.chat_model, seed=0)
+        else:
+            write_embeddings_jsonl(path, texts(args.n, seed=0))
         ids = {f"req-{i}" for i in range(args.n)}
         stack = Stack(st, model_workers=0)
         try:
             stack.start(api=True, workers=True)
             redis_server = next(b for b in stack.backends if isinstance(b, EmbeddedRedis))
-            sup = Supervisor(stack, args.workers)
+            # generation: a worker builds its chat engine before it takes a shard (as
+            # `inferq up` starts them), so a kill timed by a shard's hold is mid-generation
+            sup = Supervisor(stack, args.workers,
+                             **({"INFERQ_PRELOAD_CHAT_MODEL": "true"} if gen else {}))
             client = OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key,
                             max_retries=5, timeout=60)
-            warm = Path(tmp) / "warm.jsonl"
-            write_embeddings_jsonl(warm, texts(300, seed=1))
-            run(stack, sup, redis_server, client, warm, {f"req-{i}" for i in range(300)},
+            warm, nwarm = Path(tmp) / "warm.jsonl", 20 if gen else 300
+            if gen:
+                write_chat_jsonl(warm, nwarm, args.chat_model, seed=1)
+            else:
+                write_embeddings_jsonl(warm, texts(nwarm, seed=1))
+            run(stack, sup, redis_server, client, warm, {f"req-{i}" for i in range(nwarm)},
                 args, disturbed=False)
             results: list[dict[str, Any]] = []
             for _ in range(args.rounds):
@@ -282,6 +376,11 @@ def main() -> None:
     calm = [r for r in results if not r["disturbed"]]
     wild = [r for r in results if r["disturbed"]]
     slow = [w["wall_s"] / c["wall_s"] for c, w in zip(calm, wild, strict=True)]
+    for c, w in zip(calm, wild, strict=True):
+        w["outputs_differing"] = sum(1 for k, v in c["answers"].items()
+                                     if w["answers"].get(k, v) != v)
+    for r in results:
+        r.pop("answers")
 
     def col(key: str, rs: list[dict[str, Any]]) -> str:
         vals = [r[key] for r in rs]
@@ -292,19 +391,25 @@ def main() -> None:
              col("lost", rs), col("duplicated", rs), col("failed", rs),
              col("attempts_total", rs) + " / " + col("shards", rs), col("attempts_max", rs),
              col("recomputed_rows", rs), col("restarted_rows", rs), col("kills", rs),
+             col("usage_equals_lines", rs), col("outputs_differing", rs) if rs is wild else "-",
              col("workers_started", rs) + " (" + col("worker_startup_s_median", rs) + " s)"]
             for label, rs in (("undisturbed", calm), ("chaos", wild))]
-    rows.append(["chaos ÷ undisturbed wall time", spread(slow), *[""] * 10])
-    report("chaos", f"chaos: {args.n} embeddings requests, {args.workers} workers, "
+    rows.append(["chaos ÷ undisturbed wall time", spread(slow), *[""] * 12])
+    what = (f"chat requests ({args.chat_model}, {args.engine} engine)" if gen
+            else "embeddings requests")
+    report(f"chaos-{args.mode}-{args.engine}" if gen else "chaos",
+           f"chaos: {args.n} {what}, {args.workers} workers, "
            f"SIGKILL every ~{args.kill_every:g}s, one SIGTERM, one Redis restart",
            ["run", "wall s", "requests/s", "lost", "duplicated", "failed",
             "attempts / shards", "max attempts", "rows computed twice", "rows started again",
-            "SIGKILLs", "worker starts (median startup)"], rows,
+            "SIGKILLs", "usage = lines", "outputs differing",
+            "worker starts (median startup)"], rows,
            {"n": args.n, "args": vars(args), "runs": results, "slowdown": slow,
             "shard_rows": st.shard_rows, "chunk_rows": st.chunk_rows})
-    bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]]
+    bad = [r for r in results if r["lost"] or r["duplicated"] or r["unexpected"]
+           or r["failed"] or r.get("outputs_differing") or not r["usage_equals_lines"]]
     if bad:
-        raise SystemExit(f"{len(bad)} run(s) lost or duplicated results")
+        raise SystemExit(f"{len(bad)} run(s) lost, duplicated, failed or changed results")
 
 
 if __name__ == "__main__":

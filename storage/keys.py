@@ -54,6 +54,13 @@ def output_part(batch_id: str, shard_index: int, chunk: int, kind: str,
     return f"{shard_parts_prefix(batch_id, shard_index)}{chunk:06d}{tried}.{kind}.jsonl"
 
 
+def resume_tokens(batch_id: str, shard_index: int, chunk: int, attempt: int) -> str:
+    """The tokens a generation shard's unfinished rows had generated when ``attempt``
+    committed ``chunk`` (jobs/batches/resume.py), beside that chunk's parts."""
+    return (f"{shard_parts_prefix(batch_id, shard_index)}{chunk:06d}.a{attempt:06d}"
+            ".resume.json.gz")
+
+
 def shard_parts_prefix(batch_id: str, shard_index: int) -> str:
     return f"{batch_parts(batch_id)}{shard_index:06d}/"
 

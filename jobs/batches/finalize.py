@@ -23,10 +23,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from jobs.batches import exports, lifecycle, outputs
+from jobs.batches import done_rows, exports, lifecycle, outputs
 from jobs.batches import queries as repo
 from jobs.batches.datasets import Manifest
-from jobs.batches.views import read_shard
 from jobs.core.context import Context
 from jobs.core.errors import shown, transient
 from jobs.core.schema import Batch, File, Shard, new_id, now
@@ -92,6 +91,8 @@ def _finalize(ctx: Context, batch_id: str) -> None:
             manifest = Manifest.from_json(ctx.store.get_bytes(f.object_key))
             if manifest.output is not None:
                 exports.write(ctx.store, b, shards, manifest, reason)
+        elif b.parent_batch_id is not None and not lost:  # a rerun: into its root's dataset
+            exports.write_rerun(ctx.store, s, b, [out[0], err[0]])
         if lost:  # requests we cannot account for: the batch must not claim success
             lifecycle.move(ctx, s, b, BatchStatus.FAILED, errors=lost)
         elif expired:
@@ -178,7 +179,7 @@ def _error_blocks(store: ObjectStore, b: Batch, shards: list[Shard], reason: str
                          ("shard_failed", sh.error or "the request could not be processed"))
         sh.failed += sh.rows - sh.rows_done  # these requests get error lines
         try:
-            rows = read_shard(store, sh, start=sh.rows_done)
+            rows = done_rows.unrun(store, sh)
         except Exception as e:  # noqa: BLE001 - reported on the batch instead
             lost.append({"code": "shard_unreadable", "line": None, "param": None,
                          "message": f"{sh.rows - sh.rows_done} requests of shard {sh.index} "

@@ -1,6 +1,7 @@
 """The janitor: periodic repairs that make worker deaths and deadlines harmless.
 
-Run by the control worker every few seconds (``sweep``). It
+Run by the control worker every few seconds (``sweep``), beside the reaping of the
+realtime requests dead workers had taken (``workers.lanes.control``). It
 - hands back shards whose worker's heartbeat expired, or whose lease expired
   (their worker was killed or lost), so another worker resumes them from the
   checkpoint — much sooner than the broker's visibility timeout would redeliver

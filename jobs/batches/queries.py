@@ -125,7 +125,8 @@ def give_up_message(stalls: int) -> str:
 
 def checkpoint(s: Session, shard_id: str, token: str, attempt: int, chunks_done: int,
                rows: int, completed: int, failed: int, tokens: Tokens, ttl_s: float,
-               bill: usage.Entry | None = None) -> bool:
+               bill: usage.Entry | None = None, done: list[list[int]] | None = None
+               ) -> bool:
     """Commit chunk ``chunks_done - 1``, written by ``attempt`` (its parts are keyed by
     it), and renew the lease; False if fenced off.
 
@@ -133,13 +134,16 @@ def checkpoint(s: Session, shard_id: str, token: str, attempt: int, chunks_done:
     ``part_attempts`` by the same conditional UPDATE, so finalize reads the parts of
     the attempt that committed the chunk, never those a fenced worker wrote later.
     ``bill``, the chunk's usage record, is inserted only when the UPDATE committed the
-    chunk, in the same transaction: a fenced-off writer never counts."""
+    chunk, in the same transaction: a fenced-off writer never counts. ``done``: every
+    committed row's position, this chunk's included (jobs/batches/done_rows.py), for
+    rows committed out of order."""
     now = time.time()
+    extra: dict[str, Any] = {} if done is None else {"done_rows": done}
     res = s.execute(
         update(Shard)
         .where(Shard.id == shard_id, Shard.lease_token == token, Shard.attempt == attempt,
                Shard.chunks_done == chunks_done - 1)
-        .values(chunks_done=chunks_done, rows_done=Shard.rows_done + rows,
+        .values(**extra, chunks_done=chunks_done, rows_done=Shard.rows_done + rows,
                 part_attempts=Shard.part_attempts.op("||")(
                     literal({str(chunks_done - 1): attempt}, JSONB)),
                 completed=Shard.completed + completed, failed=Shard.failed + failed,

@@ -5,7 +5,11 @@ of workers holding that model block on; the answer comes back on a per-request
 list the API blocks on. Lists (unlike pub/sub) keep a reply that arrives before
 the API starts waiting. A request carries its deadline; a worker drops requests
 whose caller has given up. It also carries the project and key it is billed to
-(``tenant_id``, ``api_key_id``): the worker that answers it records its usage.
+(``tenant_id``, ``api_key_id``): the worker that answers it records its usage; a
+generation also carries the tokens it may reserve (``max_reserved_tokens``: n x
+max_tokens, checked by the worker once the prompt's length is known), and the queue
+it was pushed on (``queue``): a worker that takes it and dies before starting it has
+it given back there (``jobs.realtime.taken``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import orjson
 import redis
 
 from jobs.core import logs, redis_keys, refs, tracing
-from jobs.core.errors import InferqError, ModelNotLoaded, RequestTimeout, Unavailable
+from jobs.core.errors import InferqError, ModelLoading, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.core.schema import new_id
 from jobs.core.status import StreamEvent
 from jobs.fleet import heartbeats, placement
@@ -39,7 +43,9 @@ def ON_DEMAND(model_ref: str) -> bool:  # noqa: N802 - a marker, compared by ide
 
 # A request waiting for its version's load asks the placement again this often; when
 # the answer is no (the load failed, or nobody has room) and no worker has taken it
-# yet, it is taken back and answered 503 ``model_not_loaded``.
+# yet, it is taken back and answered 503 ``model_not_loaded``. One still waiting when
+# its first-event timeout passes (a load slower than that) is taken back too and
+# answered 503 ``model_loading`` + retry-after, which clients retry, rather than 504.
 PLACEMENT_CHECK_S = 1.0
 
 
@@ -135,7 +141,7 @@ class RealtimeClient:
         admitted = queue_for(self.r, body["model"], self.max_queue, self.version, self.place)
         rid = new_id("req_")
         msg = {"id": rid, "kind": kind, "body": body, "deadline": time.time() + timeout_s,
-               "enqueued_at": time.time(), "version": self.version,
+               "enqueued_at": time.time(), "version": self.version, "queue": admitted.queue,
                **self.payer}  # enqueued_at: queue-time metrics
         msg.update(_origin())
         with tracing.producer(f"realtime send {kind}", msg,
@@ -175,15 +181,20 @@ class TokenStream:
     The subscription is confirmed before the request is enqueued, so no event can
     be published before someone listens. Events carry a sequence number: a gap
     (a subscriber that lost messages) ends the stream with an error instead of
-    delivering a torn answer. Closing early publishes a cancel for the worker.
+    delivering a torn answer. An event marked ``gone`` (no number: published by the
+    reaper of a dead worker's requests, ``jobs.realtime.taken``) is an error that ends
+    it at once. Closing early publishes a cancel for the worker.
     """
 
     def __init__(self, r: redis.Redis, kind: str, body: dict[str, Any], *,
                  first_event_s: float, idle_s: float, keepalive_s: float = 10.0,
                  tenant_id: str | None = None, api_key_id: str | None = None,
-                 version: str | None = None, place: Placer | None = None) -> None:
+                 version: str | None = None, place: Placer | None = None,
+                 max_reserved_tokens: int = 0) -> None:
         self.r, self.kind, self.body = r, kind, body
-        self.payer = {"tenant_id": tenant_id, "api_key_id": api_key_id}
+        self.payer: dict[str, Any] = {"tenant_id": tenant_id, "api_key_id": api_key_id}
+        if max_reserved_tokens > 0:  # n x max_tokens it may reserve, checked by the worker
+            self.payer["max_reserved_tokens"] = max_reserved_tokens
         self.version, self.place = version, place
         self.first_event_s, self.idle_s, self.keepalive_s = first_event_s, idle_s, keepalive_s
         self.id = new_id("req_")
@@ -200,7 +211,7 @@ class TokenStream:
             raise Unavailable("could not subscribe to the token stream", retry_after=2) from None
         msg = {"id": self.id, "kind": self.kind, "body": self.body,
                "deadline": time.time() + self.first_event_s, "enqueued_at": time.time(),
-               "version": self.version, **self.payer}
+               "version": self.version, "queue": admitted.queue, **self.payer}
         msg.update(_origin())
         with tracing.producer(f"realtime send {self.kind}", msg,
                               _send_attributes(admitted.queue, self.id)):
@@ -227,7 +238,10 @@ class TokenStream:
             if (refused := withdrawn(self.r, admitted, raw, self.place)) is not None:
                 self.close()
                 raise refused
-        return None
+        if self.r.lrem(admitted.queue, 1, raw.decode()):  # still queued: not taken yet
+            self.close()
+            raise ModelLoading(admitted.placing, self.first_event_s)
+        return self.next_event(self.first_event_s)  # a worker has just taken it
 
     def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The next event in order, or None when nothing came within ``timeout``."""
@@ -241,6 +255,9 @@ class TokenStream:
             if data is None:
                 continue
             ev: dict[str, Any] = orjson.loads(data)
+            if ev.get("gone"):  # its worker died (jobs.realtime.taken): the last event
+                self.finished = True
+                return ev
             if ev["n"] != self.expected:
                 raise StreamBroken(f"the token stream lost events ({self.expected} expected, "
                                    f"{ev['n']} received)")

@@ -36,8 +36,10 @@ def test_a_realtime_request_goes_back_to_the_head_of_its_queue(hctx: Context) ->
     r: redis_lib.Redis = hctx.redis  # type: ignore[type-arg]
     lane = RealtimeConsumer(r, held_models(), 100, allow=lambda: True)
     queue = redis_keys.realtime_queue(GONE)
-    r.lpush(queue, b"sent later")
+    r.lpush(queue, b"popped", b"sent later")
+    assert lane.taker.take_now([queue]) == (queue, [b"popped"])  # into its taken list
     assert lane.handed_back(queue.encode(), b"popped")
+    assert r.llen(redis_keys.realtime_taken(lane.taker.name)) == 0  # out of it
     assert r.brpop([queue], timeout=1) == (queue.encode(), b"popped")  # next in line
     assert r.brpop([queue], timeout=1) == (queue.encode(), b"sent later")
     assert not lane.handed_back(redis_keys.REALTIME_ANY.encode(), b"any worker's")

@@ -20,7 +20,7 @@ from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import janitor
 from jobs.core import redis_keys, refs
 from jobs.core.context import Context
-from jobs.core.errors import InferqError, ModelNotLoaded
+from jobs.core.errors import InferqError, ModelLoading, ModelNotLoaded
 from jobs.core.schema import Model
 from jobs.core.settings import Settings
 from jobs.core.status import JobStatus
@@ -239,3 +239,21 @@ def test_a_realtime_request_placed_on_a_worker_that_died_is_placed_again(
     refused(e)
     assert isinstance(e, InferqError) and "could not be loaded" in e.message
     assert not pctx.redis.exists(redis_keys.realtime_queue(ref))
+
+
+def test_a_realtime_request_outwaited_by_its_load_is_a_503_to_retry(pctx: Context) -> None:
+    """A load slower than the request's wait for a worker (a cold start of a large
+    model): the request is taken back and answered 503 ``model_loading`` with
+    retry-after, which clients retry, not 504."""
+    ref = refs.model_ref(TALKER, "1")
+    w = Worker(pctx, "host:slow", ["realtime"])
+    w.beat()
+    stream = TokenStream(pctx.redis, CHAT, {"model": TALKER, "messages": [
+        {"role": "user", "content": "hi"}]}, first_event_s=3, idle_s=120,
+        version="1", place=placer(pctx))
+    outcome = in_background(stream.open)
+    until(lambda: w.commands_sent())  # placed on it; its load goes on past the wait
+    e = outcome()
+    assert isinstance(e, ModelLoading), e
+    assert e.status == 503 and e.headers.get("retry-after") and ref in e.message
+    assert not pctx.redis.exists(redis_keys.realtime_queue(ref))  # taken back

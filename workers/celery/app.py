@@ -74,7 +74,8 @@ class PoolProcess:
 
                 self._runtime = build_runtime(self.settings, self.context(),
                                               on_breaker_open=self.shard_consumers.pause,
-                                              on_residency=self._residency_changed)
+                                              on_residency=self._residency_changed,
+                                              draining=draining)
             return self._runtime
 
     def _residency_changed(self) -> None:

@@ -2,11 +2,12 @@
 
 A request of several choices (``n``, ``best_of``), or with log probabilities or an
 echo, is ``best_of`` sequences submitted together (``Fan``): each is a sequence like
-any other (scheduled, preempted, bisected alone; the prefix cache lets the ones admitted
-after the first take its prompt), and the request's sink is told of them as choices:
+any other (scheduled, preempted, bisected alone), except that on the transformers engine
+the ones that start in one step compute their prompt once (``twins``: its state is
+copied to each), and the request's sink is told of them as choices:
 ``piece(index, text, tokens)`` as they are generated (or, when best_of > n, the n of
-highest mean log probability once all are done), ``choice_end(index, reason)`` per choice,
-then ``finish`` with the usage of them all. A sequence that fails fails its request
+highest mean log probability once all are done), ``choice_end(index, reason)`` per
+choice, then ``finish`` with the usage of them all. A sequence that fails fails its request
 (the others are dropped); it never fails another request. With seed s, sequence i
 draws from its own generator seeded s + i.
 """
@@ -14,7 +15,7 @@ draws from its own generator seeded s + i.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar, cast
 
 from workers.engines.request import GenRequest
@@ -29,7 +30,12 @@ def sequences(req: GenRequest, sink: Sink, new: Callable[[Sink, int | None], S])
     when it fans out its ``best_of``, each with a branch of a ``Fan`` as its sink and
     seeded seed + i (either engine)."""
     if not req.fans():
-        return [new(sink, req.seed)]
+        seq = new(sink, req.seed)
+        seq.generated.extend(req.resume)  # continued as if it had generated them
+        follow = getattr(sink, "follow", None)
+        if follow is not None:  # the sink reads what it generated so far
+            follow(seq.generated)
+        return [seq]
     fan = Fan(cast(ChoiceSink, sink), req)
     out = []
     for b in fan.branches:
@@ -113,11 +119,39 @@ class Fan:
         self.sink.finish(FinishReason(chosen[0].held.reason), self.usage())
 
 
+def twins(seqs: Sequence[Starting]) -> dict[int, list[int]]:
+    """Sequences of one request that start together from its prompt alone compute it
+    once: for the index of each such sequence's first in ``seqs``, the indices of the
+    later ones, which take its result (its logits and key/value state) as theirs."""
+    first: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
+    for i, s in enumerate(seqs):
+        if s.generated or s.past is not None or s.chunk_to is not None:
+            continue  # resuming, or a chunk of a chunked prefill: its own state
+        j = first.setdefault(id(s.req), i)
+        if j != i:
+            out.setdefault(j, []).append(i)
+    return out
+
+
 class Scored(Protocol):
     """What ``best_of``'s ranking reads of a branch's sequence, on either engine."""
 
     logprob_sum: float
     generated: list[int]
+
+
+class Starting(Protocol):
+    """What ``twins`` reads of a sequence about to be prefilled."""
+
+    @property
+    def generated(self) -> list[int]: ...
+    @property
+    def past(self) -> object: ...
+    @property
+    def chunk_to(self) -> int | None: ...
+    @property
+    def req(self) -> GenRequest: ...
 
 
 class Branch:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.core.errors import InvalidRequest
 from jobs.protocol.endpoints import CHAT
 from jobs.protocol.generation import ChatBody, CompletionBody
+from jobs.protocol.limits import longest_token, refuse_long_prompt
 from jobs.protocol.parsing import parse_generation
 from jobs.protocol.structured import Constraint, constraint
 from jobs.protocol.tool_use import tools_of
@@ -44,6 +45,13 @@ class GenRequest:
     text: str = ""  # completions: the prompt's text (echoed; where text offsets start)
     # What the answer must be (chat's response_format): None, any text.
     constraint: Constraint | None = None
+    # The project it is billed to: realtime rows are shared among projects
+    # (workers.engines.scheduling); "" for work of no project's realtime request.
+    project: str = ""
+    # Tokens an earlier attempt generated for this request (a batch row resumed after
+    # its worker was interrupted, workers/shards/rows.py): the engine continues after
+    # them as if it had generated them itself. Only for a ``resumable`` request.
+    resume: list[int] = field(default_factory=list)
 
     def processed(self) -> bool:
         """Its scores are changed before sampling (penalties or bias)."""
@@ -53,6 +61,16 @@ class GenRequest:
         """Each sampled token's log probability is needed (reported, or to rank)."""
         return self.logprobs is not None or self.best_of > self.n
 
+    def resumable(self) -> bool:
+        """Whether its answer can be continued from tokens generated earlier and come out
+        as an uninterrupted run's would: one plain sequence (no choices, log
+        probabilities or echo), nothing that depends on which tokens came before in this
+        run (penalties, bias, a constraint's grammar state, stop strings that may span the
+        break) and either greedy or unseeded (a seeded sample is reproduced only by
+        running it from its start)."""
+        return not (self.fans() or self.processed() or self.constraint is not None
+                    or self.stop or (self.seed is not None and self.temperature > 0))
+
     def fans(self) -> bool:
         """More than the one plain sequence: choices, log probabilities or an echo."""
         return self.best_of > 1 or self.logprobs is not None or self.echo
@@ -61,6 +79,10 @@ class GenRequest:
 def build_request(model: ChatTokens, endpoint: str, body: dict[str, Any]) -> GenRequest:
     """Validate a chat/completions body against the model (template, context window)."""
     req = parse_generation(endpoint, body)
+    # no token is longer than the longest in the vocabulary: a prompt of more bytes
+    # than that many times the context cannot fit, and is refused untokenized
+    refuse_long_prompt(endpoint, body, model.model_id,
+                       model.context_length * longest_token(model))
     if endpoint == CHAT:
         assert isinstance(req, ChatBody)
         if req.uses_tools() and not model.renders_tools():

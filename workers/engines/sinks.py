@@ -57,7 +57,8 @@ class Usage:
 
 class Collect:
     """A sink that gathers the whole answer (batch shards and jobs): its ``choices``
-    (one unless the request fanned out), ``text`` and ``reason`` the first's."""
+    (one unless the request fanned out), ``text`` and ``reason`` the first's, and while
+    it runs the tokens generated so far (``generated``: what a batch row resumes from)."""
 
     def __init__(self, on_done: Callable[[Collect], object] | None = None) -> None:
         self.choices: list[Choice] = [Choice(0)]
@@ -68,6 +69,17 @@ class Collect:
         self.event = threading.Event()
         self.on_done = on_done
         self._cancelled = False
+        self._generated: list[int] | None = None
+
+    def follow(self, generated: list[int]) -> None:
+        """Told by the engine of the list its sequence's tokens are appended to (a
+        request that does not fan out), read by ``generated``."""
+        self._generated = generated
+
+    def generated(self) -> list[int]:
+        """The tokens generated so far (a copy, read from any thread), resumed ones
+        included; none for a request that fans out."""
+        return list(self._generated) if self._generated is not None else []
 
     def start(self) -> None:
         return None

@@ -1,9 +1,11 @@
-"""Generation on vLLM's engine, inside the worker process.
+"""Generation on vLLM's engine, its core in a process of its own.
 
-One thread owns a ``vllm.v1.engine.llm_engine.LLMEngine`` built in this process: with
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` its engine core runs in the calling thread
-instead of a spawned child (a Celery prefork child is daemonic and may not start one),
-so the worker's leases, heartbeats and signals stay as they are. The thread moves what
+One thread owns a ``vllm.v1.engine.llm_engine.LLMEngine`` built in this process; its
+engine core (the model, its key/value cache and vLLM's process-wide state) runs in a
+child process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, ``workers.engines.vllm_setup``), so
+a version vLLM fails to build, or whose core crashes, leaves every other version's
+engine as it was; the worker's leases, heartbeats and signals stay in the worker. The
+thread moves what
 the lanes submitted into vLLM (``add_request`` with the request's priority: vLLM's
 priority scheduling serves realtime, 0, first), aborts what its caller no longer
 wants, and steps the engine; each step's outputs (``RequestOutputKind.DELTA``: the new
@@ -23,8 +25,12 @@ the transformers engine), told to the request's sink as choices by the same
 (``workers.engines.vllm_requests``).
 
 One request's failure is its own: vLLM refuses a request it cannot take when it is
-added (400, to that request alone). A step that raises fails the requests running in
-it (500) and the engine goes on with the next.
+added (400, to that request alone). A step that raises is the engine's failure, not
+its requests': vLLM's core is dead then (it ends on an error in a step; killed, it is
+seen by ``_watch_core``). The engine is broken (``broken``): ``on_broken`` is told first
+(the worker trips its breaker, so the batch work in it is handed back, and builds the
+version again), then everything it held or is given fails with ``EngineBroken`` (503),
+the server's failure, never the row's.
 
 Usage per request: its prompt and generated tokens, the prompt tokens vLLM took from
 its prefix cache (``cached_tokens``), the most rows of any step it took part in, and
@@ -39,21 +45,21 @@ from __future__ import annotations
 
 import codecs
 import gc
-import heapq
 import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs.core.errors import InvalidRequest
+from jobs.core.errors import InvalidRequest, Unavailable
 from jobs.tenants.usage import split
 from workers.engines.fanout import Branch
 from workers.engines.request import GenRequest
 from workers.engines.responses import TokenLogprob
-from workers.engines.scheduling import PriorityQueued
+from workers.engines.scheduling import PriorityQueued, ceiling, fair_index, project_of, take
 from workers.engines.sinks import FinishReason, Sink
 from workers.engines.stats import GenStats
 from workers.engines.token_texts import TokenTexts
@@ -64,12 +70,23 @@ from workers.engines.vllm_requests import (
     sampling_params,
     token_logprob,
 )
-from workers.engines.vllm_setup import context_proxies_set_aside, environment
+from workers.engines.vllm_setup import (
+    context_proxies_set_aside,
+    core_process,
+    core_processes,
+    environment,
+    watch_core,
+)
 from workers.models.chat import ChatTokens
 
 log = logging.getLogger("inferq.vllm")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (completions: 5)
+
+
+class EngineBroken(Unavailable):
+    """The engine running the request failed (not the request): it is being rebuilt; the
+    request may be sent again."""
 
 
 class VllmEngine(PriorityQueued[VllmRequest]):
@@ -84,14 +101,17 @@ class VllmEngine(PriorityQueued[VllmRequest]):
     def __init__(self, model: ChatTokens, path: Path, precision: str = "fp32",
                  max_batch_rows: int = 32, max_rows: int = 64, kv_cache_bytes: int = 1 << 30,
                  enforce_eager: bool | None = None,
-                 on_step: Callable[[int, float], None] | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None,
+                 on_pass: Callable[[bool], None] | None = None,
+                 on_broken: Callable[[BaseException], None] | None = None) -> None:
         if precision not in DTYPES:
             raise ValueError(f"the vllm engine serves {', '.join(DTYPES)} weights, not "
                              f"{precision} (the transformers engine serves {precision})")
         super().__init__()
         self.model = model
         self.max_batch_rows, self.max_rows = max_batch_rows, max_rows
-        self.on_step = on_step
+        self.on_step, self.on_pass, self.on_broken = on_step, on_pass, on_broken
+        self.broken: EngineBroken | None = None  # set once its core failed
         self.stats = GenStats()
         self._args: dict[str, Any] = {
             "model": str(path), "tokenizer": str(path), "dtype": DTYPES[precision],
@@ -106,6 +126,7 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._llm: Any = None
+        self._closing = threading.Event()
         self._start_loop(self._run, "inferq-vllm")
         self._ready.wait()
         if self._error is not None:
@@ -127,7 +148,10 @@ class VllmEngine(PriorityQueued[VllmRequest]):
     def _build(self) -> None:
         import torch
 
-        environment(torch.get_num_threads())
+        # On CPUs the core's processes (its scheduler, and the worker computing the model)
+        # wait for each other by spinning: the model's threads leave them a core.
+        threads = torch.get_num_threads()
+        environment(threads if torch.cuda.is_available() else max(1, threads - 1))
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -141,11 +165,28 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         # function that refuses; the embedding engine and torch's own callers need it.
         set_threads = torch.set_num_threads
         try:
-            with context_proxies_set_aside():
+            with context_proxies_set_aside(), core_process():
                 self._llm = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
             torch.set_num_threads = set_threads
+        self._watch_core()
         self._warm_up()
+
+    def _watch_core(self) -> None:
+        """vLLM's client waits for its core's outputs without a bound: a core killed (out
+        of memory, a signal) would hold the loop's step for ever (``watch_core``)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        def exited(how: str) -> None:
+            if not self._closing.is_set():
+                log.error("vLLM engine core of %s exited (%s)", self.model.model_id, how)
+                self._break(EngineDeadError())  # (an idle loop learns it now)
+
+        watch_core(self._llm, exited, EngineDeadError)
+
+    def core_pids(self) -> list[int]:
+        """The processes of this engine's core (tests, diagnostics)."""
+        return [int(p.pid) for p in core_processes(self._llm)]
 
     def _warm_up(self) -> None:
         """One token generated at load: a model vLLM loads but cannot run here (an
@@ -174,7 +215,7 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self._ready.set()
         while True:
             with self._cond:
-                if not self._await_work():
+                if not self._await_work() or self.broken is not None:
                     break
                 admitted = self._admit()
             for r in admitted:
@@ -182,22 +223,28 @@ class VllmEngine(PriorityQueued[VllmRequest]):
             self._drop_cancelled()
             if self._live:
                 self._step()
-        self._close()
+        self._close(self.broken)
 
     def _has_work(self) -> bool:
-        return bool(self._waiting or self._live)
+        return bool(self._waiting or self._live or self.broken)
 
     def _admit(self) -> list[VllmRequest]:
         """Called under the lock: the waiting requests vLLM takes now, in priority order
-        (batch work up to ``max_batch_rows``, realtime up to ``max_rows``)."""
+        (batch work up to ``max_batch_rows``, realtime up to ``max_rows``; the rows past
+        ``scheduling.ceiling`` only for a project holding none: vLLM frees no row for
+        another project's request)."""
         out: list[VllmRequest] = []
         rows = len(self._live)
         batch = sum(r.priority != 0 for r in self._live.values())
+        held = Counter(project_of(r) for r in self._live.values() if r.priority == 0)
         while self._waiting:
-            prio, _, r = self._waiting[0]
-            if rows >= self.max_rows or (prio != 0 and batch >= self.max_batch_rows):
+            i = fair_index(self._waiting, held)  # realtime: fairly by project
+            prio, _, r = self._waiting[i]
+            if rows >= self.max_rows or (prio != 0 and batch >= self.max_batch_rows) or (
+                    prio == 0 and held[project_of(r)] > 0 and rows >= ceiling(self.max_rows)):
                 break
-            heapq.heappop(self._waiting)
+            take(self._waiting, i)
+            held[project_of(r)] += prio == 0
             if r.sink.cancelled():  # its caller went away while it waited
                 self._abandon(r)
                 continue
@@ -208,10 +255,17 @@ class VllmEngine(PriorityQueued[VllmRequest]):
 
     def _add(self, r: VllmRequest) -> None:
         from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
-            self._llm.add_request(r.id, {"prompt_token_ids": r.req.prompt}, sampling_params(r),
+            self._llm.add_request(r.id, {"prompt_token_ids": r.req.prompt + r.req.resume},
+                                  sampling_params(r),
                                   priority=r.priority)
+        except EngineDeadError as e:  # the engine's failure, not this request's
+            self._break(e)
+            r.done = True
+            r.sink.fail(self.broken or e)
+            return
         except (ValueError, VLLMClientError) as e:  # vLLM's refusal of this request alone
             r.done = True
             r.sink.fail(InvalidRequest(f"the engine cannot take this request: {e}"))
@@ -227,9 +281,8 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         t0 = time.perf_counter()
         try:
             outputs = self._llm.step()
-        except Exception as e:  # noqa: BLE001 - the step's requests fail, the engine goes on
-            log.exception("vllm step failed")
-            self._fail_all(e)
+        except Exception as e:  # noqa: BLE001 - the engine's failure: it is broken
+            self._break(e)
             return
         dt = time.perf_counter() - t0
         seen: list[tuple[VllmRequest, Any]] = []
@@ -243,9 +296,10 @@ class VllmEngine(PriorityQueued[VllmRequest]):
             if not r.started:  # its prompt was computed in this step, less vLLM's cached part
                 r.cached = int(o.num_cached_tokens or 0)
                 self.stats.prefills += 1
-                self.stats.prefill_tokens += len(r.req.prompt) - r.cached
+                computed = len(r.req.prompt) + len(r.req.resume) - r.cached
+                self.stats.prefill_tokens += computed
                 self.stats.cached_tokens += r.cached
-                new += len(r.req.prompt) - r.cached
+                new += computed
             r.rows = max(r.rows, len(self._live))
             charged.append(max(new, 1))
         for (r, _), share in zip(seen, split(dt, charged), strict=True):
@@ -258,11 +312,44 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self.stats.max_rows = max(self.stats.max_rows, len(seen))
         if self.on_step is not None:
             self.on_step(len(seen), dt)
+        if self.on_pass is not None:
+            self.on_pass(True)
+
+    def _break(self, e: Exception) -> None:
+        """A step raised: vLLM's core is gone. Its breaker hears it before any request
+        fails (so their batch work is handed back, not written as failed rows); the loop
+        then ends, failing what it holds and everything submitted after."""
+        with self._cond:  # (a build that failed is not a broken engine)
+            if self.broken is not None or self._closing.is_set() or not self._ready.is_set():
+                return
+            self.broken = EngineBroken(f"the engine serving {self.model.model_id} failed "
+                                       f"({type(e).__name__}: {e}) and is being rebuilt; "
+                                       "send the request again")
+            self._cond.notify()
+        log.error("vLLM engine of %s failed: %s: %s; its requests are failed as the "
+                  "server's, and it is rebuilt", self.model.model_id, type(e).__name__, e)
+        if self.on_broken is not None:
+            try:
+                self.on_broken(e)
+            except Exception:  # noqa: BLE001 - its requests are failed all the same
+                log.exception("reporting the failed engine of %s", self.model.model_id)
+
+    def _enqueue(self, *items: VllmRequest) -> None:
+        with self._cond:  # (its lock is reentrant)
+            broken = self.broken
+            if broken is None:
+                super()._enqueue(*items)
+                return
+        for r in items:  # (a request that reached the engine after it broke)
+            r.done = True
+            r.sink.fail(broken)
 
     # Delivery ------------------------------------------------------------------------------
     def _deliver(self, r: VllmRequest, o: Any) -> None:
         c = o.outputs[0]
+        head = ""  # a resumed request's earlier tokens: the start of its text
         if not r.started:
+            head = self.model.decode(r.req.resume) if r.req.resume else ""
             r.started = True
             fan = r.sink.fan if isinstance(r.sink, Branch) else None
             if fan is not None and fan.prompt is None and r.req.echo \
@@ -287,8 +374,9 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self.stats.tokens += len(c.token_ids)
         by = self.stats.tokens_by_priority
         by[r.priority] = by.get(r.priority, 0) + len(c.token_ids)
-        text = c.text or ""
+        text = head + (c.text or "")
         r.text += len(text)
+        r.track(text, c.stop_reason)
         if tokens is not None and c.finish_reason == "stop" and isinstance(c.stop_reason, str):
             end = len(r.req.text) + r.text  # tokens past a stop string are not reported
             tokens = [t for t in tokens if t.offset < end]
@@ -305,6 +393,9 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self._live.pop(r.id, None)
         if reason == "abort":  # aborted by vLLM itself, not by its caller
             r.sink.fail(RuntimeError("the engine aborted this request"))
+            return
+        if (failed := r.failed(reason)) is not None:  # never "stop" on a broken answer
+            r.sink.fail(failed)
             return
         r.sink.finish(FinishReason.LENGTH if reason == "length" else FinishReason.STOP,
                       r.usage())
@@ -338,8 +429,8 @@ class VllmEngine(PriorityQueued[VllmRequest]):
             r.done = True
             r.sink.fail(e)
 
-    def _close(self) -> None:
-        err = RuntimeError("the engine stopped")
+    def _close(self, broken: EngineBroken | None = None) -> None:
+        err = broken or RuntimeError("the engine stopped")
         with self._cond:
             waiting, self._waiting = [w[2] for w in self._waiting], []
         self._fail_all(err)
@@ -348,11 +439,9 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         self._shut_down()
 
     def _shut_down(self) -> None:
-        """vLLM tears down its process-wide distributed state when its engine core shuts
-        down, which its client otherwise does whenever the garbage collector gets to it:
-        possibly after the next engine of this process (a version loaded in its place, or
-        after this one failed its warm-up) has set that state up for itself. Now, then,
-        while no other engine exists."""
+        """vLLM's engine core process is stopped now rather than whenever the garbage
+        collector gets to its client (its memory freed with it)."""
+        self._closing.set()
         llm, self._llm = self._llm, None
         if llm is None:
             return

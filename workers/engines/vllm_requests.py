@@ -1,6 +1,7 @@
 """Requests on the vLLM engine: each sequence's state (``VllmRequest``), the
 ``SamplingParams`` it is added with (``sampling_params``: structured outputs by
-llguidance), and vLLM's log probabilities read back as the API reports them: vLLM's
+llguidance; an answer that broke it is an error: ``VllmRequest.failed``), and vLLM's
+log probabilities read back as the API reports them: vLLM's
 processed ones (after penalties, bias, temperature and top-p), each token's text and
 bytes as the transformers engine reports them; a token that top-p excluded has no
 finite log probability and is reported at ``FLOOR``."""
@@ -39,10 +40,33 @@ class VllmRequest:
     added: bool = False
     started: bool = False
     done: bool = False
+    answer: list[str] = field(default_factory=list)  # its text, under a constraint
+    stop_string: bool = False  # it ended at one of its stop strings
 
     def usage(self) -> Usage:
         return Usage(len(self.req.prompt), len(self.generated), self.rows, self.accel_s,
                      self.cached)
+
+    def track(self, text: str, stop_reason: Any) -> None:
+        """A step's new text and vLLM's stop reason (a stop string: a str)."""
+        if self.req.constraint is not None:
+            self.answer.append(text)
+        self.stop_string = isinstance(stop_reason, str)
+
+    def failed(self, reason: str | None) -> Exception | None:
+        """The error an ended answer is, if any: vLLM ends one whose grammar refused a
+        token with "error"; a grammar that fails while computing a mask leaves only the
+        end token, so an answer under a constraint that ended (not at a stop string, not
+        cut by its length) must be a whole answer of its grammar."""
+        if reason == "error":
+            return RuntimeError("the engine ended the answer with an error (its grammar "
+                                "refused a token)" if self.req.constraint is not None
+                                else "the engine ended the answer with an error")
+        c = self.req.constraint
+        if c is None or reason != "stop" or self.stop_string:
+            return None
+        why = c.broken("".join(self.answer))
+        return RuntimeError(f"the answer broke its constraint: {why}") if why else None
 
 
 def sampling_params(r: VllmRequest) -> Any:
@@ -59,7 +83,7 @@ def sampling_params(r: VllmRequest) -> Any:
                   if c.lark is not None else StructuredOutputsParams(json=c.schema))
     return SamplingParams(
         n=1, temperature=q.temperature, top_p=q.top_p, seed=r.seed,
-        stop=list(q.stop) or None, max_tokens=q.max_new_tokens,
+        stop=list(q.stop) or None, max_tokens=q.max_new_tokens - len(q.resume),
         presence_penalty=q.presence_penalty, frequency_penalty=q.frequency_penalty,
         logit_bias=dict(q.logit_bias) or None, logprobs=logprobs,
         prompt_logprobs=q.logprobs if q.echo and q.logprobs is not None else None,

@@ -3,18 +3,24 @@ beside the control tasks (validate, finalize) in a pool child that serves the la
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
+import redis
+
 from jobs.batches.janitor import sweep
 from jobs.core.context import Context
+from jobs.realtime import taken
 from workers.process.metrics import record_sweep
 
 log = logging.getLogger("inferq.janitor")
 
 
 class JanitorThread(threading.Thread):
-    """Runs ``jobs.batches.janitor.sweep`` every ``every_s`` until stopped."""
+    """Runs ``jobs.batches.janitor.sweep`` every ``every_s`` until stopped, and gives the
+    realtime requests a dead worker had taken to other workers
+    (``jobs.realtime.taken.reap``, as live realtime workers also do each second)."""
 
     def __init__(self, ctx: Context, every_s: float) -> None:
         super().__init__(name="inferq-janitor", daemon=True)
@@ -23,6 +29,8 @@ class JanitorThread(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(self.every_s):
+            with contextlib.suppress(redis.RedisError):
+                taken.reap(self.ctx.redis)
             try:
                 rep = sweep(self.ctx)
                 record_sweep(len(rep.requeued), len(rep.failed), len(rep.expired))

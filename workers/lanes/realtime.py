@@ -28,15 +28,18 @@ from jobs.core.errors import InferqError, ModelNotLoaded
 from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from jobs.protocol.parsing import parse_embeddings
 from jobs.realtime import client as realtime
+from jobs.realtime.taken import WorkerStopping
 from jobs.slo import service_rates
-from jobs.tenants import usage
+from jobs.tenants import limits, usage
 from workers.engines.embeddings import REALTIME, seconds_of, started_of, when_all_done
-from workers.engines.request import build_request
+from workers.engines.request import GenRequest, build_request
 from workers.engines.responses import embeddings_body, failure
 from workers.lanes.realtime_sinks import MeteredSink, ServicedSink, TracedSink, enqueued_at
 from workers.lanes.streams import CancelListener, Publisher, PubSink
+from workers.lanes.taking import Taker, as_bytes
 from workers.lanes.usage_writer import UsageWriter
 from workers.process import metrics
+from workers.process.heartbeat import worker_name
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)
     from workers.models.residency import Residency
@@ -50,6 +53,18 @@ def _version(msg: dict[str, Any]) -> str | None:
     """The version the API routed a message to (None: any this worker holds)."""
     v = msg.get("version")
     return v if isinstance(v, str) else None
+
+
+def check_reservation(msg: dict[str, Any], req: GenRequest) -> None:
+    """400 when the request's sequences times its max_tokens (by default what its
+    prompt leaves of the context) exceed what the API says it may reserve."""
+    cap = msg.get("max_reserved_tokens")
+    if not isinstance(cap, int) or cap <= 0:
+        return
+    named = "best_of" if req.best_of > req.n else "n"
+    if (refused := limits.reservation_refused(cap, req.best_of, req.max_new_tokens,
+                                              named)) is not None:
+        raise refused
 
 
 def log_fields(msg: Any) -> dict[str, str | None]:
@@ -89,7 +104,8 @@ class RealtimeConsumer(threading.Thread):
     def __init__(self, r: redis.Redis, models: Residency, max_inputs: int,
                  allow: Callable[[], bool], meter: UsageWriter | None = None,
                  service: service_rates.ServiceMeter | None = None,
-                 max_pending: int = 0, on_demand: bool = False) -> None:
+                 max_pending: int = 0, on_demand: bool = False, name: str = "",
+                 draining: Callable[[], bool] | None = None, drain_s: float = 0.0) -> None:
         super().__init__(name="inferq-realtime", daemon=True)
         self.service = service  # the service measurements the heartbeat reports
         self.max_pending = max_pending  # requests taken at once: the rows of a pass
@@ -99,6 +115,12 @@ class RealtimeConsumer(threading.Thread):
         self.publisher = Publisher(r)
         self.cancels = CancelListener(r)
         self.stopping = threading.Event()
+        # Taking reliably, and what it has taken and not answered (workers.lanes.taking).
+        self.taker = Taker(r, name or f"{worker_name()}:{id(self):x}", self.publisher)
+        # SIGTERM: ``draining()`` turns true; it stops taking, and what it holds gets
+        # ``drain_s`` from then to end (``drain``).
+        self.draining = draining or (lambda: False)
+        self.drain_s, self.drain_by = drain_s, 0.0
 
     @property
     def queues(self) -> list[str]:
@@ -127,21 +149,53 @@ class RealtimeConsumer(threading.Thread):
     def start(self) -> None:
         self.publisher.start()
         self.cancels.start()
+        self.taker.start()
         super().start()
 
     def stop(self) -> None:
-        """Stop reading requests, then the stream publisher and the cancel listener."""
+        """Stop reading requests, then the stream publisher (what it holds is sent), what
+        is still taken goes to other workers (``Taker.close``), then the cancel listener."""
         self.stopping.set()
         if self.is_alive():
             self.join(timeout=5)
-        for t in (self.publisher, self.cancels):
-            t.stopping.set()
-            t.join(timeout=5)
+        self.publisher.stopping.set()
+        self.publisher.join(timeout=5)
+        self.taker.close()
+        self.cancels.stopping.set()
+        self.cancels.join(timeout=5)
         if self.meter is not None:
             self.meter.close()
 
+    def drain(self) -> bool:
+        """Stop taking requests and wait for those taken to be answered, until ``drain_s``
+        after the stop began (SIGTERM); those still open then end with a 503
+        ``worker_stopping`` (a stream: its error event, its sequence dropped). True when
+        all were answered."""
+        if not self.drain_by:
+            self.drain_by = time.monotonic() + self.drain_s
+        self.stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+        left = self.taker.wait_answered(self.drain_by)
+        for rid in left:
+            err = WorkerStopping(f"this worker was stopping and could not finish the request "
+                                 f"within its {self.drain_s:.0f} s drain; retry it")
+            sink = self.taker.sinks.get(rid)
+            if sink is not None:
+                sink.error(err.status, err.to_dict())
+            else:
+                self.reply(rid, {"status": err.status, "error": err.to_dict()})
+        if left:
+            log.warning("realtime lane stopping: %d requests ended unfinished "
+                        "(worker_stopping)", len(left))
+        return not left
+
     def run(self) -> None:
         while not self.stopping.is_set():
+            if self.draining():  # SIGTERM: its queues are left to other workers
+                self.drain_by = time.monotonic() + self.drain_s
+                log.info("realtime lane: stopping, no more requests taken")
+                return
             if not self.allow():
                 time.sleep(0.5)
                 continue
@@ -154,21 +208,21 @@ class RealtimeConsumer(threading.Thread):
                 self.models.wait_free(REALTIME, BUSY_POLL_S)
                 continue
             try:  # while some version is busy, look again soon for when it frees
-                got = self.r.brpop(queues, timeout=BUSY_POLL_S if some_busy else 1)
+                got = self.taker.take(queues, timeout=BUSY_POLL_S if some_busy else 1)
             except redis.RedisError as e:
                 log.warning("realtime lane: %s; retrying", e)
                 time.sleep(1)
                 continue
-            if got is None or self.back(got[0], got[1]):
+            if got is None or self.back(got[0], got[1][0]):
                 continue
-            name = got[0].decode() if isinstance(got[0], bytes) else got[0]
+            name, first = got[0], got[1][0]
             engines = self.models.embedding_queue_refs(name[len(redis_keys.realtime_queue("")):])
             more = self.fill(name) if engines else []
             if not more:
-                self.take(got[1])
+                self.take(first)
                 continue
             with self.models.gathering(engines):  # taken together: one pass
-                for raw in (got[1], *more):
+                for raw in (first, *more):
                     self.take(raw)
 
     def back(self, queue: bytes | str, raw: bytes | str) -> bool:
@@ -187,19 +241,12 @@ class RealtimeConsumer(threading.Thread):
         arrives). Nothing if Redis fails: the first is served alone."""
         if self.max_pending <= 1 or queue == redis_keys.REALTIME_ANY:
             return []
-        n = self.max_pending - 1
         try:
-            try:
-                got = self.r.rpop(queue, n)
-            except redis.ResponseError:  # a Redis before 6.2: no count
-                pipe = self.r.pipeline(transaction=False)
-                for _ in range(n):
-                    pipe.rpop(queue)
-                got = [x for x in pipe.execute() if x is not None]
+            got = self.taker.take_now([queue], self.max_pending - 1)
         except redis.RedisError as e:
             log.warning("realtime lane: %s; serving the request alone", e)
             return []
-        return list(got) if isinstance(got, list) else []
+        return list(got[1]) if got is not None else []
 
     def handed_back(self, queue: bytes | str, raw: bytes | str) -> bool:
         """A request popped from the queue of a version this worker no longer holds
@@ -208,7 +255,7 @@ class RealtimeConsumer(threading.Thread):
         name = queue.decode() if isinstance(queue, bytes) else queue
         if name == redis_keys.REALTIME_ANY or name in self.queues:
             return False
-        self.r.rpush(name, raw)  # BRPOP takes from the right: next in line again
+        self.taker.give_back(name, as_bytes(raw))  # taken from the right: next in line again
         log.info("realtime lane: a request for %s handed back (no longer held here)",
                  name[len(redis_keys.realtime_queue("")):])
         return True
@@ -222,7 +269,9 @@ class RealtimeConsumer(threading.Thread):
             msg = orjson.loads(raw)
         except Exception:  # noqa: BLE001 - nobody to answer: the caller times out
             log.exception("realtime request failed: not a message")
+            self.taker.forget(as_bytes(raw), "")
             return
+        self.taker.hold(msg, as_bytes(raw))  # until its answer
         span = trace_request(msg)
         with logs.bound(**log_fields(msg)), tracing.use(span):
             try:
@@ -252,7 +301,9 @@ class RealtimeConsumer(threading.Thread):
         status, err = failure(e)
         try:
             if msg.get("kind") in (CHAT, COMPLETIONS):
-                PubSink(self.publisher, msg["id"], self.cancels).error(status, err)
+                rid = msg["id"]
+                PubSink(self.publisher, rid, self.cancels,
+                        on_end=lambda: self.taker.stream_ended(rid)).error(status, err)
             else:
                 self.reply(msg["id"], {"status": status, "error": err})
         except Exception as e2:  # noqa: BLE001 - Redis is gone; the caller times out
@@ -261,6 +312,7 @@ class RealtimeConsumer(threading.Thread):
     def handle(self, msg: dict[str, Any], span: Span | None = None) -> None:
         if msg.get("deadline", 0) < time.time():
             tracing.end(span, attributes={"inferq.dropped": "the caller has given up"})
+            self.taker.answered(str(msg.get("id")))
             return  # the caller has given up
         if self.on_demand and (v := _version(msg)) is not None:
             model = str(msg["body"].get("model", ""))
@@ -272,13 +324,14 @@ class RealtimeConsumer(threading.Thread):
             self.handle_embeddings(msg, span)
 
     def handle_generation(self, msg: dict[str, Any], span: Span | None = None) -> None:
-        """Validate against the model (prompt length), then stream tokens back."""
-        sink = (MeteredSink(self.publisher, msg, self.cancels, self.meter)
-                if self.service is None else
-                ServicedSink(self.publisher, msg, self.cancels, self.meter, self.service))
+        """Validate against the model (prompt length) and the tokens it may reserve,
+        then stream tokens back; the engine shares its rows among projects."""
+        sink = self.sink_for(msg)
         try:
             gen = self.models.chat(msg["body"]["model"], _version(msg))
             req = build_request(gen.model, msg["kind"], msg["body"])
+            req.project = str(msg.get("tenant_id") or "")  # its share of the rows
+            check_reservation(msg, req)
         except InferqError as e:
             sink.error(e.status, e.to_dict())
             tracing.end(span, error=e)
@@ -286,7 +339,21 @@ class RealtimeConsumer(threading.Thread):
         sink.shape(req)
         if isinstance(sink, ServicedSink):
             sink.servers = gen.max_rows  # each running sequence holds a row
+        if not self.taker.start_work(sink.rid):  # another worker has it now: it answers
+            tracing.end(span, attributes={"inferq.dropped": "given to another worker"})
+            return
         gen.submit(req, sink if span is None else TracedSink(sink, span), REALTIME)
+
+    def sink_for(self, msg: dict[str, Any]) -> MeteredSink:
+        """The sink of a generation's stream, held until its last event."""
+        rid = msg["id"]
+        sink = (MeteredSink(self.publisher, msg, self.cancels, self.meter,
+                            on_end=lambda: self.taker.stream_ended(rid))
+                if self.service is None else
+                ServicedSink(self.publisher, msg, self.cancels, self.meter, self.service,
+                             on_end=lambda: self.taker.stream_ended(rid)))
+        self.taker.sinks[rid] = sink
+        return sink
 
     def handle_embeddings(self, msg: dict[str, Any], span: Span | None = None) -> None:
         """Queue the inputs; the last vector to arrive sends the whole answer."""
@@ -336,8 +403,10 @@ class RealtimeConsumer(threading.Thread):
         when_all_done(futures, done)
 
     def reply(self, rid: str, payload: dict[str, Any]) -> None:
+        """The whole answer of ``rid``, on its reply list; no longer held (at once)."""
         key = redis_keys.reply(rid)
         with self.r.pipeline() as p:
             p.lpush(key, orjson.dumps(payload))
             p.expire(key, realtime.REPLY_TTL_S)
+            self.taker.answered(rid, p)
             p.execute()

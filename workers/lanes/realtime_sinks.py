@@ -14,6 +14,7 @@ there either way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -38,11 +39,12 @@ def enqueued_at(msg: dict[str, Any]) -> float | None:
 
 class MeteredSink(PubSink):
     """A token stream whose usage is recorded when it ends, or when its client went
-    away (what was generated until then)."""
+    away (what was generated until then). ``on_end``: called once, at its last event or
+    when it is dropped."""
 
     def __init__(self, publisher: Publisher, msg: dict[str, Any], cancels: CancelListener,
-                 meter: UsageWriter | None) -> None:
-        super().__init__(publisher, msg["id"], cancels)
+                 meter: UsageWriter | None, on_end: Callable[[], None] | None = None) -> None:
+        super().__init__(publisher, msg["id"], cancels, on_end)
         self.msg, self.meter = msg, meter
         self.model, self.enqueued_at = str(msg["body"].get("model", "")), enqueued_at(msg)
         self.timer = metrics.StreamTimer(lanes.REALTIME, self.model, self.enqueued_at,
@@ -91,6 +93,9 @@ class MeteredSink(PubSink):
                              role=not c.parts and index > 0)]})
 
     def finish(self, reason: FinishReason, u: Usage) -> None:
+        if self.ended:  # already ended here (its worker stopping): its tokens are billed
+            self._bill(u)
+            return
         if self.choices is None:
             super().finish(reason, u)
         else:  # the answer's choices, or (streamed) that they were sent as chunks
@@ -108,13 +113,17 @@ class MeteredSink(PubSink):
         self._bill(u)
 
     def error(self, status: int, err: dict[str, Any]) -> None:
+        if self.ended:
+            return
         metrics.observe_request(lanes.REALTIME, self.model, str(self.msg["kind"]), "error",
                                 None)
         super().error(status, err)
 
     def abandoned(self, u: Usage) -> None:
-        """Called by the engine when it drops the sequence because its client left."""
+        """Called by the engine when it drops the sequence because its client left (or
+        the stream was ended here)."""
         self._bill(u)
+        self.end()
 
     def _bill(self, u: Usage) -> None:
         if self.meter is not None:
@@ -128,8 +137,9 @@ class ServicedSink(MeteredSink):
     included) and its first step (start to first text)."""
 
     def __init__(self, publisher: Publisher, msg: dict[str, Any], cancels: CancelListener,
-                 meter: UsageWriter | None, service: service_rates.ServiceMeter) -> None:
-        super().__init__(publisher, msg, cancels, meter)
+                 meter: UsageWriter | None, service: service_rates.ServiceMeter,
+                 on_end: Callable[[], None] | None = None) -> None:
+        super().__init__(publisher, msg, cancels, meter, on_end)
         self.service, self.servers = service, 1
         self.t_start: float | None = None
         self.t_first: float | None = None

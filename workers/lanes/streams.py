@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -26,17 +27,27 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger("inferq.streams")
 
 
+# A step run in the publisher's pipeline, in order with the events (e.g. a request's
+# bookkeeping once its last event is out).
+Step = Callable[[Any], None]
+
+
 class Publisher(threading.Thread):
-    """Publishes stream events off the engine thread, a pipeline per burst."""
+    """Publishes stream events off the engine thread, a pipeline per burst; what is still
+    queued when it stops is sent before it ends."""
 
     def __init__(self, r: redis.Redis) -> None:
         super().__init__(name="inferq-publisher", daemon=True)
         self.r = r
-        self.q: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[tuple[str, bytes] | Step] = queue.SimpleQueue()
         self.stopping = threading.Event()
 
     def put(self, channel: str, data: bytes) -> None:
         self.q.put((channel, data))
+
+    def then(self, step: Step) -> None:
+        """Run ``step(pipeline)`` after the events put before it."""
+        self.q.put(step)
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -44,15 +55,24 @@ class Publisher(threading.Thread):
                 batch = [self.q.get(timeout=0.5)]
             except queue.Empty:
                 continue
-            while not self.q.empty() and len(batch) < 512:
-                batch.append(self.q.get_nowait())
-            try:
-                with self.r.pipeline(transaction=False) as p:
-                    for ch, data in batch:
-                        p.publish(ch, data)
-                    p.execute()
-            except redis.RedisError as e:  # subscribers see the gap and end their streams
-                log.warning("publishing %d stream events failed: %s", len(batch), e)
+            self.send(batch)
+        self.send([])  # what came in before the stop
+
+    def send(self, batch: list[tuple[str, bytes] | Step]) -> None:
+        while not self.q.empty() and len(batch) < 512:
+            batch.append(self.q.get_nowait())
+        if not batch:
+            return
+        try:
+            with self.r.pipeline(transaction=False) as p:
+                for item in batch:
+                    if isinstance(item, tuple):
+                        p.publish(*item)
+                    else:
+                        item(p)
+                p.execute()
+        except redis.RedisError as e:  # subscribers see the gap and end their streams
+            log.warning("publishing %d stream events failed: %s", len(batch), e)
 
 
 class CancelListener(threading.Thread):
@@ -88,17 +108,32 @@ class CancelListener(threading.Thread):
 
 
 class PubSink:
-    """Engine sink for one realtime stream: numbered events on the request's channel."""
+    """Engine sink for one realtime stream: numbered events on the request's channel. Its
+    first ``done`` or ``error`` event is its last (``on_end`` is called then): anything
+    sent after it is dropped, and the engine is told to drop the sequence."""
 
-    def __init__(self, publisher: Publisher, rid: str, cancels: CancelListener) -> None:
+    def __init__(self, publisher: Publisher, rid: str, cancels: CancelListener,
+                 on_end: Callable[[], None] | None = None) -> None:
         self.publisher, self.rid, self.cancels = publisher, rid, cancels
         self.channel = redis_keys.stream(rid)
         self.n = 0
+        self.on_end, self.ended = on_end, False
 
     def _send(self, ev: dict[str, Any]) -> None:
+        if self.ended:
+            return
         ev["n"] = self.n
         self.n += 1
         self.publisher.put(self.channel, orjson.dumps(ev))
+        if ev["t"] in (StreamEvent.DONE, StreamEvent.ERROR):
+            self.end()
+
+    def end(self) -> None:
+        """Nothing more is sent (its last event is out, or its client went away)."""
+        if not self.ended:
+            self.ended = True
+            if self.on_end is not None:
+                self.on_end()
 
     def start(self) -> None:
         self._send({"t": StreamEvent.START})
@@ -119,4 +154,4 @@ class PubSink:
         self._send({"t": StreamEvent.ERROR, "status": status, "error": err})
 
     def cancelled(self) -> bool:
-        return self.rid in self.cancels
+        return self.ended or self.rid in self.cancels

@@ -13,6 +13,9 @@ the engine, through no fault of the line) is not committed: the attempt ends as 
 failed one, and the shard is run again from its checkpoint, with backoff, as many
 times as a failed attempt is (``max_shard_attempts`` in a row without progress).
 Lines whose own input is at fault (4xx) are committed as error lines.
+
+This is the chunked policy of embeddings, whose chunk's rows finish together;
+generation shards commit rows as they finish (workers/shards/rows.py).
 """
 
 from __future__ import annotations
@@ -20,14 +23,11 @@ from __future__ import annotations
 import logging
 import random
 import secrets
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from jobs.batches import queries as repo
-from jobs.batches.outputs import Tokens
 from jobs.batches.views import read_shard
 from jobs.core.context import Context
 from jobs.core.lanes import lane_for
@@ -37,46 +37,18 @@ from jobs.tenants import usage
 from storage import keys
 from workers.engines.embeddings import PRIORITY_BY_TIER
 from workers.process import metrics
+from workers.shards.fencing import (
+    LeaseKeeper,
+    Payer,
+    ServerFaults,
+    ShardResult,
+    count_rows,
+    release,
+)
+from workers.shards.rows import commits_rows, run_rows
 from workers.shards.runners import Runner
 
 log = logging.getLogger("inferq.pipeline")
-
-
-class ServerFaults(RuntimeError):
-    """Lines of chunk ``chunk`` failed on the server's side: compute the chunk again."""
-
-    def __init__(self, chunk: int, faults: list[str]) -> None:
-        super().__init__(f"chunk {chunk}: {len(faults)} requests failed on the server's side "
-                         f"and will be computed again (the first: {faults[0]})")
-
-
-@dataclass
-class ShardResult:
-    outcome: ShardOutcome
-    finalize: bool = False
-    retry_in_s: float = 0.0
-
-
-class LeaseKeeper(threading.Thread):
-    """Renews the shard's lease while a chunk runs, however long it takes; a kill -9
-    stops the renewals, so the janitor hands the shard on within one lease."""
-
-    def __init__(self, ctx: Context, shard_id: str, token: str) -> None:
-        super().__init__(name="inferq-lease", daemon=True)
-        self.ctx, self.shard_id, self.token = ctx, shard_id, token
-        self.done = threading.Event()
-        self.lost = False
-
-    def run(self) -> None:
-        ttl = self.ctx.settings.lease_seconds
-        while not self.done.wait(ttl / 3):
-            try:
-                with self.ctx.db.session() as s:
-                    if not repo.renew_lease(s, self.shard_id, self.token, ttl):
-                        self.lost = True
-                        return
-            except Exception as e:  # noqa: BLE001 - a missed renewal is retried next tick
-                log.warning("shard %s: lease renewal failed: %s", self.shard_id, e)
 
 
 def process_shard(ctx: Context, runner_for: Callable[[str, str | None], Runner], shard_id: str,
@@ -104,52 +76,32 @@ def process_shard(ctx: Context, runner_for: Callable[[str, str | None], Runner],
             metrics.observe_queue(lane_for(tier), b.model or "", sh.claimed_at - sh.dispatched_at)
         payer = Payer(b.tenant_id, b.api_key_id, usage.kind_of(endpoint), b.model or "", tier)
     if stalls >= st.max_shard_attempts:  # the previous attempts all died without a commit
-        return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, ShardOutcome.FAILED,
+        return release(ctx, batch_id, shard_id, token, ShardStatus.FAILED, ShardOutcome.FAILED,
                         repo.give_up_message(stalls))
     keeper = LeaseKeeper(ctx, shard_id, token)
     keeper.start()
     try:
-        return _run(ctx, runner_for(endpoint, version), sh, token, PRIORITY_BY_TIER.get(tier, 2),
-                    stop_requested, healthy, keeper, payer)
+        runner = runner_for(endpoint, version)
+        prio = PRIORITY_BY_TIER.get(tier, 2)
+        if commits_rows(runner):
+            return run_rows(ctx, runner, sh, token, prio, stop_requested, healthy, keeper,
+                            payer)
+        return _run(ctx, runner, sh, token, prio, stop_requested, healthy, keeper, payer)
     except Exception as e:  # noqa: BLE001 - recorded on the shard, retried with backoff
         log.exception("shard %s attempt %d failed", shard_id, attempt)
         with ctx.db.session() as s:
             now = s.get(Shard, shard_id)
             in_a_row = repo.stalled_attempts(now) if now is not None else stalls
         if in_a_row >= st.max_shard_attempts:
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.FAILED,
+            return release(ctx, batch_id, shard_id, token, ShardStatus.FAILED,
                             ShardOutcome.FAILED,
                             f"failed {in_a_row} times in a row without progress: {e}")
-        res = _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, ShardOutcome.RETRY,
+        res = release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED, ShardOutcome.RETRY,
                        str(e))
         res.retry_in_s = min(60.0, 2.0 ** (stalls + 1)) * (0.5 + random.random())
         return res
     finally:
         keeper.done.set()
-
-
-@dataclass(frozen=True)
-class Payer:
-    """Whom a shard's usage is billed to, and as what."""
-
-    tenant_id: str
-    api_key_id: str | None
-    kind: str
-    model: str
-    service_tier: str
-
-    def bill(self, ctx: Context, shard_id: str, batch_id: str, chunk: int, completed: int,
-             tokens: Tokens, seconds: float) -> usage.Entry | None:
-        """The usage record of a committed chunk: its ok lines (None when it has none)."""
-        if completed == 0:
-            return None
-        lane = lane_for(self.service_tier)
-        return usage.entry(ctx.settings, source=f"chunk:{shard_id}:{chunk}",
-                           tenant_id=self.tenant_id, api_key_id=self.api_key_id,
-                           kind=self.kind, model=self.model, lane=lane,
-                           service_tier=self.service_tier, batch_id=batch_id,
-                           num_requests=completed, input_tokens=tokens.prompt,
-                           output_tokens=tokens.completion, accelerator_seconds=seconds)
 
 
 def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
@@ -179,11 +131,11 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
             runner.cancel(cur)
             runner.cancel(nxt)
             if why is ShardOutcome.CANCELLED:
-                return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
+                return release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
                                 ShardOutcome.CANCELLED)
             log.info("shard %s: chunk %d not done %.0f s after the stop: handed back from "
                      "its checkpoint", shard_id, c, st.drain_s)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+            return release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
                             ShardOutcome.HANDED_BACK)
         ok, err, completed, failed, tokens = runner.collect(cur)
         lane = lane_for(payer.service_tier)
@@ -193,7 +145,7 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
         count_rows(ctx, shard_id, len(nxt.rows) if nxt is not None else 0, len(cur.rows))
         if not healthy():
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+            return release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
                             ShardOutcome.HANDED_BACK,
                             "handed back: this worker's model keeps failing",
                             not_its_fault=True)
@@ -214,13 +166,13 @@ def _run(ctx: Context, runner: Runner, sh: Shard, token: str, prio: int,
             return ShardResult(ShardOutcome.FENCED)
         if stopping:  # cancelled, or its completion window passed
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
+            return release(ctx, batch_id, shard_id, token, ShardStatus.CANCELLED,
                             ShardOutcome.CANCELLED)
         if nxt is not None and stop_requested():
             runner.cancel(nxt)
-            return _release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
+            return release(ctx, batch_id, shard_id, token, ShardStatus.QUEUED,
                             ShardOutcome.HANDED_BACK)
-    return _release(ctx, batch_id, shard_id, token, ShardStatus.DONE, ShardOutcome.DONE)
+    return release(ctx, batch_id, shard_id, token, ShardStatus.DONE, ShardOutcome.DONE)
 
 
 # How often a chunk being computed looks up whether its batch was cancelled (or its
@@ -247,23 +199,3 @@ def _interrupted(ctx: Context, runner: Runner, chunk: Any, batch_id: str,
     return None
 
 
-def count_rows(ctx: Context, shard_id: str, started: int, computed: int) -> None:
-    """Rows handed to the engine and rows whose results were produced (counted before
-    they are committed), on the shard row: beyond its size, redone work."""
-    try:
-        with ctx.db.session() as s:
-            repo.count_rows(s, shard_id, started, computed)
-    except Exception as e:  # noqa: BLE001 - accounting never stops the work
-        log.warning("shard %s: counting rows failed: %s", shard_id, e)
-
-
-def _release(ctx: Context, batch_id: str, shard_id: str, token: str, status: ShardStatus,
-             outcome: ShardOutcome, error: str | None = None, not_its_fault: bool = False
-             ) -> ShardResult:
-    """Give up the lease; the last shard of a batch to finish asks for finalize."""
-    with ctx.db.session() as s:
-        repo.get_batch(s, None, batch_id, lock=True)  # serialises "am I the last?" per batch
-        if not repo.release_shard(s, shard_id, token, status, error, not_its_fault):
-            return ShardResult(ShardOutcome.FENCED)
-        last = status != ShardStatus.QUEUED and repo.unfinished_shards(s, batch_id) == 0
-    return ShardResult(outcome, finalize=last)

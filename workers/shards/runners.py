@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -50,6 +51,16 @@ class Runner(Protocol):
     def cancel(self, chunk: Chunk | None) -> None: ...
 
 
+class RowRunner(Runner, Protocol):
+    """A runner whose rows are committed as they finish, each submitted alone and
+    resumable from tokens an earlier attempt generated (workers/shards/rows.py)."""
+
+    commits_rows: bool
+
+    def submit(self, rows: list[dict[str, Any]], prio: int,
+               resume: list[int] | None = None) -> Chunk: ...
+
+
 @dataclass
 class Chunk:
     rows: list[dict[str, Any]]
@@ -58,6 +69,9 @@ class Chunk:
     seconds: float = 0.0  # accelerator-seconds of the ok lines, set by collect
     # "custom_id: error" of the lines that failed on the server's side, set by collect
     faults: list[str] = field(default_factory=list)
+    # A generation row that can be resumed: the tokens it generated so far, cut where
+    # their text ends a character (what the next attempt may continue after)
+    progress: Callable[[], list[int]] | None = None
 
 
 def _refused(custom_id: str, e: InferqError) -> bytes:
@@ -130,7 +144,10 @@ class EmbeddingRunner:
 
 class GenerationRunner:
     """``chat(model)`` returns the generation engine for ``model`` (loading it on first
-    use) or refuses a model this worker does not hold."""
+    use) or refuses a model this worker does not hold. Its rows are committed as they
+    finish (workers/shards/rows.py): the pipeline submits each row as a chunk of one."""
+
+    commits_rows = True
 
     def __init__(self, chat: Callable[[str], Engine], endpoint: str) -> None:
         self.chat, self.endpoint = chat, endpoint
@@ -146,8 +163,12 @@ class GenerationRunner:
                                top_count(self.endpoint, body), u.prompt_tokens,
                                u.completion_tokens, tools_of(body))
 
-    def submit(self, rows: list[dict[str, Any]], prio: int) -> Chunk:
+    def submit(self, rows: list[dict[str, Any]], prio: int,
+               resume: list[int] | None = None) -> Chunk:
+        """``resume``: the tokens an earlier attempt generated for the one row of
+        ``rows`` (jobs/batches/resume.py), continued after where its request allows."""
         reqs: list[tuple[str, Any, Any, int]] = []
+        progress = None
         for r in rows:
             body = orjson.loads(r["body"])
             try:
@@ -157,9 +178,13 @@ class GenerationRunner:
                 reqs.append((r["custom_id"], e, None, 0))
                 continue
             sink = Collect()
+            if greq.resumable() and len(rows) == 1:
+                if resume and len(resume) < greq.max_new_tokens:
+                    greq.resume = list(resume)
+                progress = partial(_whole_characters, gen.model, sink)
             gen.submit(greq, sink, prio)
             reqs.append((r["custom_id"], body, sink, 0))
-        return Chunk(rows, reqs)
+        return Chunk(rows, reqs, progress=progress)
 
     def done(self, chunk: Chunk, timeout: float) -> bool:
         """Whether every row of ``chunk`` has its answer, waiting up to ``timeout``."""
@@ -188,6 +213,18 @@ class GenerationRunner:
         for _, _, sink, _ in chunk.requests if chunk else []:
             if sink is not None:
                 sink.cancel()
+
+
+def _whole_characters(model: Any, sink: Collect) -> list[int]:
+    """The tokens ``sink``'s sequence generated so far, less the last ones where they end
+    inside a character (a multi-byte character split across tokens): what a resumed
+    row's text starts with must be text that an uninterrupted run would also write."""
+    ids = sink.generated()
+    for _ in range(4):  # a character is at most 4 bytes, each token at least 1
+        if not ids or not model.decode(ids[-8:]).endswith("\ufffd"):
+            return ids
+        ids = ids[:-1]
+    return []
 
 
 class ResponsesRunner(GenerationRunner):
