@@ -9,14 +9,16 @@ from typing import Any
 
 import click
 
+from cli.body_defaults import body_defaults
 from cli.client import api_url_option, connect
 from cli.datasets import create_batch, dataset_body, is_dataset_uri
 from cli.event_stream import follow_events
 from jobs.core.settings import Settings
-from jobs.core.status import BatchStatus
+from jobs.core.status import TERMINAL, BatchStatus
 
 HEAD_BYTES = 64  # enough of a file's start to tell its format
 FILE_KEY_SUFFIX = ":file"  # the upload's Idempotency-Key is the batch's plus this
+ROWS_FAILED = 3  # `status --exit-code`: the batch ended without every request completed
 
 
 def with_client(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,6 +85,11 @@ def _field(b: Any, name: str) -> Any:
     return getattr(b, name, None) or (b.model_extra or {}).get(name)
 
 
+def _get(obj: Any, name: str) -> int:
+    """A count of the batch's usage (an object of the SDK, or a dict as an extra)."""
+    return int((obj.get(name) if isinstance(obj, dict) else getattr(obj, name, 0)) or 0)
+
+
 def summary(b: Any) -> str:
     rc = b.request_counts
     counts = f"{rc.completed} completed, {rc.failed} failed" if rc else "no requests counted"
@@ -123,17 +130,38 @@ def failure(b: Any) -> str:
               help="dataset: the objects' format (default: from their names)")
 @click.option("--output", default=None, metavar="URI",
               help="dataset: also write the results as Parquet under this empty prefix")
+@click.option("--max-tokens", type=click.IntRange(1), default=None,
+              help="every request's max_tokens (max_output_tokens for /v1/responses)")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None,
+              help="every request's temperature")
+@click.option("--response-format", "response_fmt", default=None, metavar="@SCHEMA.json",
+              help="structured output of every request: a JSON schema (@file or inline), "
+                   "sent as response_format json_schema; or text, json_object")
+@click.option("--body-default", "body_pairs", multiple=True, metavar="KEY=JSON",
+              help="any other request parameter of every request, e.g. top_p=0.9 "
+                   "(repeatable; a value that is not JSON is a string)")
+@click.option("--defaults", "defaults_file", default=None, metavar="@FILE.json",
+              help="request parameters of every request from a JSON object (@file or "
+                   "inline); the options above win over it")
 @with_client
 def submit(path: str, endpoint: str, model: str | None, metadata: tuple[str, ...],
            service_tier: str | None, idempotency_key: str | None, wait: bool,
            expires_after: int | None, output_expires_after: int | None,
            id_column: str | None, input_column: str | None, template: str | None,
            system: str | None, fmt: str | None, output: str | None,
+           max_tokens: int | None, temperature: float | None, response_fmt: str | None,
+           body_pairs: tuple[str, ...], defaults_file: str | None,
            api_url: str | None, api_key: str | None) -> None:
     """Create a batch over PATH; prints its id. PATH is a local file (JSONL or Parquet,
     uploaded first) or a dataset in place: s3://bucket/key, a prefix (ending in /) or a
-    glob (s3://bucket/reviews/*.parquet), read where it is."""
+    glob (s3://bucket/reviews/*.parquet), read where it is.
+
+    The request parameters (--model, --max-tokens, --temperature, --response-format,
+    --body-default, --defaults) are the batch's defaults: every row of a dataset or a
+    Parquet file takes them; a JSONL line's own fields win over them."""
     meta = parse_metadata(metadata)
+    defaults = body_defaults(endpoint, model, max_tokens, temperature, response_fmt,
+                             body_pairs, defaults_file)
     dataset = is_dataset_uri(path)
     mapping = {"--id-column": id_column, "--input-column": input_column,
                "--template": template, "--system": system, "--format": fmt,
@@ -152,8 +180,8 @@ def submit(path: str, endpoint: str, model: str | None, metadata: tuple[str, ...
         check_idempotency_key(idempotency_key)
     client = api_client(api_url, api_key)
     if dataset:
-        fields = dataset_body(path, endpoint, model, fmt, id_column, input_column, template,
-                              system, output)
+        fields = dataset_body(path, endpoint, defaults, fmt, id_column, input_column,
+                              template, system, output)
         fields.update({"metadata": meta} if meta else {})
         fields.update({"service_tier": service_tier} if service_tier else {})
         if output_expires_after is not None:
@@ -166,12 +194,12 @@ def submit(path: str, endpoint: str, model: str | None, metadata: tuple[str, ...
             wait_for(client, b.id)
         return
     parquet = is_parquet_file(local)
-    if model is None and parquet:
+    if "model" not in defaults and parquet:
         raise click.ClickException("a Parquet input names no model: pass --model "
                                    "(e.g. --model all-MiniLM-L6-v2)")
     body: dict[str, Any] = {}
-    if model:
-        body["body"] = {"model": model}
+    if defaults:
+        body["body"] = defaults
     if service_tier:
         body["service_tier"] = service_tier
 
@@ -207,19 +235,31 @@ def wait_for(client: Any, batch_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="the batch object as the API returns it")
 @click.option("--watch", is_flag=True,
               help="follow its progress (the batch's event stream) until it ends, then show it")
+@click.option("--exit-code", "exit_code", is_flag=True,
+              help=f"exit with status {ROWS_FAILED} when the batch ended and did not "
+                   "complete every request (some failed, or it failed, expired or was "
+                   "cancelled)")
 @with_client
-def status(batch_id: str, as_json: bool, watch: bool, api_url: str | None,
+def status(batch_id: str, as_json: bool, watch: bool, exit_code: bool, api_url: str | None,
            api_key: str | None) -> None:
-    """Show a batch: status, counts, errors (each distinct error once, with a count)."""
+    """Show a batch: status, counts, errors (each distinct error code once, with its
+    count, its message and the first requests that failed with it)."""
     client = api_client(api_url, api_key)
     b = (follow_events(client, batch_id, to_stderr=as_json) if watch
          else client.batches.retrieve(batch_id))
     if as_json:
         click.echo(b.model_dump_json(indent=2))
+        _exit_status(b, exit_code)
         return
     click.echo(summary(b))
     click.echo(f"  endpoint:     {b.endpoint}  model: {_field(b, 'model') or '-'}  "
                f"service tier: {_field(b, 'service_tier') or '-'}")
+    rc, usage = b.request_counts, _field(b, "usage")
+    if rc and rc.total:
+        tokens = (f"; {_get(usage, 'input_tokens'):,} input and "
+                  f"{_get(usage, 'output_tokens'):,} output tokens" if usage else "")
+        click.echo(f"  progress:     {rc.completed + rc.failed} of {rc.total} requests done"
+                   f"{tokens}")
     if b.metadata:
         click.echo("  metadata:     " + ", ".join(f"{k}={v}" for k, v in b.metadata.items()))
     for name, file_id in (("output file", b.output_file_id), ("error file", b.error_file_id)):
@@ -227,3 +267,19 @@ def status(batch_id: str, as_json: bool, watch: bool, api_url: str | None,
             click.echo(f"  {name + ':':<13} {file_id}")
     for line in grouped_errors(b):
         click.echo(f"  error:        {line}")
+    if b.error_file_id and b.status in TERMINAL:
+        from cli.row_errors import describe, row_errors
+
+        for g in row_errors(client, b.error_file_id):
+            click.echo(f"  failed:       {describe(g)}")
+    _exit_status(b, exit_code)
+
+
+def _exit_status(b: Any, exit_code: bool) -> None:
+    """With ``--exit-code``: exit ROWS_FAILED when the batch ended without every request
+    completed (some failed, or it failed, expired or was cancelled)."""
+    if not exit_code or b.status not in TERMINAL:
+        return
+    rc = b.request_counts
+    if b.status != BatchStatus.COMPLETED or (rc and rc.failed):
+        raise click.exceptions.Exit(ROWS_FAILED)

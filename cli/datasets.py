@@ -17,11 +17,12 @@ def is_dataset_uri(path: str) -> bool:
     return path.startswith(DATASET_SCHEMES)
 
 
-def dataset_body(uri: str, endpoint: str, model: str | None, fmt: str | None,
+def dataset_body(uri: str, endpoint: str, defaults: dict[str, Any], fmt: str | None,
                  id_column: str | None, input_column: str | None, template: str | None,
                  system: str | None, output: str | None) -> dict[str, Any]:
-    """The ``POST /v1/batches`` fields of a batch over the dataset at ``uri``."""
-    if model is None:
+    """The ``POST /v1/batches`` fields of a batch over the dataset at ``uri``:
+    ``defaults`` (every request's parameters, the model included) as its ``body``."""
+    if "model" not in defaults:
         raise click.ClickException("a dataset names no model: pass --model "
                                    "(e.g. --model all-MiniLM-L6-v2)")
     source: dict[str, Any] = {"uri": uri}
@@ -31,7 +32,7 @@ def dataset_body(uri: str, endpoint: str, model: str | None, fmt: str | None,
         if value is not None:
             source[name] = value
     body: dict[str, Any] = {"endpoint": endpoint, "completion_window": "24h",
-                            "input_dataset": source, "body": {"model": model}}
+                            "input_dataset": source, "body": defaults}
     if output is not None:
         body["output_dataset"] = {"uri": output}
     return body

@@ -70,7 +70,8 @@ def up(port: int | None, model_workers: int) -> None:
 
     A child that exits is started again after a backoff (1 s, 2 s, 4 s ... 30 s); one
     that keeps exiting at start stops the stack. Refuses a port in use and a data dir
-    another `inferq up` runs on."""
+    another `inferq up` runs on. Workers' metrics are on fixed ports: the API's port + 1
+    (the control worker), + 2, ... (the model workers), or from INFERQ_WORKER_METRICS_PORT."""
     from cli.client import local_host
     from cli.stack import Stack, StackError
     from cli.stop_signals import Interrupted, StopSignals
@@ -85,7 +86,12 @@ def up(port: int | None, model_workers: int) -> None:
             f"inferq is already running on data dir {st.data_dir}{where}: stop it first, or "
             "set INFERQ_DATA_DIR to another directory")
     signals = StopSignals()
-    stack = Stack(st, port=port, model_workers=model_workers, stop_signals=signals)
+    # Its workers preload the chat model (a worker is live once its engine is built, so
+    # the first chat after `up` is ready is served) and keep one metrics port each.
+    preload = ({} if "preload_chat_model" in st.model_fields_set
+               else {"INFERQ_PRELOAD_CHAT_MODEL": "true"})
+    stack = Stack(st, port=port, model_workers=model_workers, stop_signals=signals,
+                  extra_env=preload, metrics_port=st.worker_metrics_port or port + 1)
     try:
         signals.install()  # before anything starts: a stop then unwinds to `finally`
         try:
@@ -132,7 +138,7 @@ def _supervise(stack: Stack, signals: StopSignals) -> str | None:
     def say(message: str) -> None:
         click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
 
-    supervisor = Supervisor(stack.procs, stack.respawn, stack.log_path, say)
+    supervisor = Supervisor(stack.procs, stack.respawn, stack.log_path, say, ready=stack.ready)
     while signals.received is None:
         try:
             supervisor.poll()

@@ -15,7 +15,8 @@ from jobs.core.settings import Settings
 @click.argument("batch_id")
 @click.option("--error-code", "error_codes", multiple=True, metavar="CODE",
               help="rerun only the requests that failed with this code (repeatable; "
-                   "default: every failed request)")
+                   "default: every failed request but those a rerun cannot fix, such as "
+                   "context_length_exceeded)")
 @click.option("--wait/--no-wait", default=False,
               help="follow the rerun's progress until it ends")
 @with_client
@@ -24,7 +25,8 @@ def retry(batch_id: str, error_codes: tuple[str, ...], wait: bool, api_url: str 
     """Rerun the failed requests of an ended batch as a new batch; prints its id.
 
     Afterwards `inferq results BATCH_ID --merged -o FILE` writes each request of
-    BATCH_ID once, with its latest result."""
+    BATCH_ID once, with its latest result; a batch's output dataset (submit --output)
+    gets the rerun's rows when it ends."""
     from openai.types import Batch
 
     client = connect(Settings.from_env(), api_url, api_key)

@@ -35,6 +35,8 @@ from storage.embedded import EmbeddedPostgres, EmbeddedRedis
 if TYPE_CHECKING:
     from jobs.core.context import Context
 
+READY_MARKERS = (b" ready: lanes=", b" ready.\n")  # in a worker's log
+API = "api"  # the API child's name
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KEY_FILE, ADMIN_KEY_FILE = "dev-api-key", "admin-api-key"
 METRICS_TOKEN_FILE = "metrics-token"  # the API's /metrics, when no INFERQ_METRICS_TOKEN
@@ -75,7 +77,8 @@ def port_free(host: str, port: int) -> bool:
 class Stack:
     def __init__(self, settings: Settings, port: int | None = None,
                  extra_env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 model_workers: int = 1, stop_signals: StopSignals | None = None) -> None:
+                 model_workers: int = 1, stop_signals: StopSignals | None = None,
+                 metrics_port: int | None = None) -> None:
         if "webhook_allow_hosts" not in settings.model_fields_set:
             # A stack runs on one machine: its receivers (a developer's, the tests') may
             # listen on 127.0.0.1. A deployment names its own in INFERQ_WEBHOOK_ALLOW_HOSTS.
@@ -85,6 +88,9 @@ class Stack:
         self.extra_env = extra_env or {}
         self.log_dir = log_dir or settings.data_dir / "logs"
         self.model_workers = model_workers
+        # The first of the workers' fixed metrics ports: the control worker's, then one
+        # per model worker (worker_metrics_port_of); None: each process picks a free one.
+        self.metrics_port = metrics_port
         self.backends: list[Any] = []
         self.procs: dict[str, Child] = {}
         # To start a child again: its command, environment, and whether it is forked.
@@ -95,6 +101,7 @@ class Stack:
         # Stops what this stack started should its process die without stopping it.
         self.lifeline: Lifeline | None = None
         self._fork_server_pid: int | None = None
+        self._log_from: dict[str, int] = {}  # where each child's current run's log starts
 
     @property
     def base_url(self) -> str:
@@ -146,6 +153,8 @@ class Stack:
         program, a script that starts a stack needs an ``if __name__ == "__main__"``
         guard: a forked child imports the main module again."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path(name)
+        self._log_from[name] = log_path.stat().st_size if log_path.exists() else 0
         with self.stop_signals.held():
             proc: Child
             child_env = self.env(**env)
@@ -202,6 +211,33 @@ class Stack:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
+    def ready(self, name: str) -> bool:
+        """Whether child ``name``'s current run is ready: the API when its /healthz
+        answers (gunicorn runs at log level warning, so its log never says "Listening
+        at"); a worker when its log says so since this run started: a model worker's
+        runtime ("worker … ready: lanes=…") or Celery ("celery@… ready.")."""
+        if name == API:
+            return self.api_answers()
+        try:
+            with self.log_path(name).open("rb") as f:
+                f.seek(self._log_from.get(name, 0))
+                logged = f.read()
+        except OSError:
+            return False
+        return any(m in logged for m in READY_MARKERS)
+
+    def api_answers(self, timeout: float = 1.0) -> bool:
+        """Whether the API answers /healthz (liveness: it serves, whatever its backends
+        and workers are doing) within ``timeout`` seconds."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.settings.api_host,
+                                                        self.settings.api_host)
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        try:
+            with urlopen(f"http://{host}:{self.port}/healthz", timeout=timeout) as r:
+                return bool(r.status == 200)
+        except (URLError, OSError, ValueError):
+            return False
+
     def start(self, api: bool = True, workers: bool = True) -> Stack:
         from jobs.core.context import Context
         from storage.db import migrate
@@ -209,6 +245,8 @@ class Stack:
         if api and not port_free(self.settings.api_host, self.port):
             raise StackError(f"port {self.port} on {self.settings.api_host} is in use: pick "
                              "another with --port (or INFERQ_API_PORT)")
+        if workers:
+            self.check_metrics_ports()
         st = self.resolve_backends()
         migrate(st.database_url)
         ctx = Context(st)
@@ -222,15 +260,30 @@ class Stack:
             self.settings = self.settings.model_copy(update={"metrics_token": _key_file(
                 self.settings.data_dir / METRICS_TOKEN_FILE, "iq-metrics-")})
         if workers:
-            self.spawn("worker-control", worker_command("control", "control"),
-                       INFERQ_LANES="control")
+            self.spawn("worker-control", worker_command("control", "control"), False,
+                       INFERQ_LANES="control", **self.worker_metrics_port_of(0))
             for i in range(self.model_workers):
-                self.start_model_worker(f"gpu{i}")
+                self.start_model_worker(f"gpu{i}", **self.worker_metrics_port_of(i + 1))
         if api:
-            self.spawn("api", api_command(st.api_host, self.port, st.api_max_connections,
+            self.spawn(API, api_command(st.api_host, self.port, st.api_max_connections,
                                           st.api_keepalive_s))
             self.wait_healthy(need_workers=workers and self.model_workers > 0)
         return self
+
+    def worker_metrics_port_of(self, slot: int) -> dict[str, str]:
+        """The environment giving worker ``slot`` (0: the control worker, then each model
+        worker) its fixed metrics port, which its restarts keep."""
+        base = self.metrics_port
+        return {} if base is None else {"INFERQ_WORKER_METRICS_PORT": str(base + slot)}
+
+    def check_metrics_ports(self) -> None:
+        """The fixed metrics ports are free now (as the API's port: the one check)."""
+        host, n = self.settings.worker_metrics_host, self.model_workers + 1
+        for port in ([] if self.metrics_port is None else range(self.metrics_port,
+                                                                 self.metrics_port + n)):
+            if not port_free(host, port):
+                raise StackError(f"port {port} on {host} (a worker's metrics) is in use: "
+                                 f"set INFERQ_WORKER_METRICS_PORT to the first of {n} free ports")
 
     def import_models(self, ctx: Context, timeout: float = 900) -> None:
         """Import the builtin models not registered yet, in a child process (importing

@@ -21,6 +21,17 @@ it instead of submitting again (one that ended with no results is submitted anew
 Result columns a frame already has are replaced. ``submit`` returns a :class:`Run` at
 once; ``attach(batch_id)`` finds a batch again by its id.
 
+A dataset where it lives (Parquet or JSONL objects on the deployment's S3 endpoint)
+is read in place, nothing uploaded: ``dataset(uri, model, ...)`` makes the batch and
+returns its :class:`Run`; ``run.table()`` waits and reads the results back (the
+dataset's id column under its own name), and with ``output=`` they are also written
+there as a Parquet dataset::
+
+    run = iq.dataset("s3://lake/reviews/*.parquet", "SmolLM2-135M-Instruct",
+                     id_column="review_id", template="Classify: {title}\n{body}",
+                     max_tokens=8, output="s3://lake/labels/run-7/")
+    labels = run.table()
+
 It speaks only the public HTTP API, through the ``openai`` SDK: the API's URL and
 key are the arguments, else ``INFERQ_API_URL`` and ``INFERQ_API_KEY``, else the
 ``inferq up`` of this machine's data dir.
@@ -144,6 +155,35 @@ def submit(data: Any, endpoint: str, columns: dict[str, Any], body: dict[str, An
     return Run(b.id, endpoint, client, id_column)
 
 
+def dataset(uri: str, model: str, *, endpoint: str = CHAT, template: str | None = None,
+            input_column: str | None = None, id_column: str | None = None,
+            system: str | None = None, output: str | None = None, format: str | None = None,
+            client: Any = None, service_tier: str = "default", **params: Any) -> Run:
+    """A batch over the dataset at ``uri`` (an object, a prefix ending in ``/`` or a
+    glob), read where it is: each row's input is ``input_column``'s text or
+    ``template`` over its columns (``{column}`` fields), after ``system``;
+    ``params`` (``max_tokens``, ``temperature``, ``response_format``, ...) apply to
+    every row; ``output``: an empty prefix where the results are also written (see
+    docs/API.md, Datasets in place). Returns at once; the same call again answers the
+    same batch (its Idempotency-Key is a digest of the call)."""
+    from openai import omit
+
+    client = client or connect()
+    source: dict[str, Any] = {"uri": uri, **{k: v for k, v in (
+        ("format", format), ("id_column", id_column), ("input_column", input_column),
+        ("template", template), ("system", system)) if v is not None}}
+    fields: dict[str, Any] = {"input_dataset": source, "body": {"model": model, **params},
+                              "service_tier": service_tier}
+    if output is not None:
+        fields["output_dataset"] = {"uri": output}
+    digest = hashlib.sha256(json.dumps([endpoint, fields], sort_keys=True).encode())
+    b = client.batches.create(input_file_id=omit, endpoint=endpoint, completion_window="24h",
+                              metadata={"source": "inferq.client"}, extra_body=fields,
+                              extra_headers={"Idempotency-Key":
+                                             f"inferq-client-{digest.hexdigest()[:48]}"})
+    return Run(b.id, endpoint, client, id_column, dataset_id=id_column or "custom_id")
+
+
 def attach(batch_id: str, *, id_column: str | None = None, client: Any = None) -> Run:
     """The batch ``batch_id`` (made by ``submit``, ``embed`` or ``chat``) again."""
     client = client or connect()
@@ -159,6 +199,7 @@ class Run:
     endpoint: str
     client: Any
     id_column: str | None = None
+    dataset_id: str | None = None  # a batch over a dataset: the name of its id column
 
     def wait(self, progress: bool = True, poll_s: float = 1.0) -> Any:
         """Poll the batch until it ends (a progress bar while ``progress``); the batch."""
@@ -179,6 +220,20 @@ class Run:
                 if b.status in TERMINAL:
                     return b
                 time.sleep(poll_s)
+
+    def table(self, progress: bool = True, poll_s: float = 1.0) -> pa.Table:
+        """Once the batch ended, its results as one pyarrow Table (the output rows, then
+        the error rows): a dataset's id column under its own name, else ``custom_id``."""
+        b = self.wait(progress, poll_s)
+        parts = [pq.read_table(io.BytesIO(self.client.files.content(file_id).content))
+                 for file_id in (b.output_file_id, b.error_file_id) if file_id is not None]
+        if not parts:
+            errors = "; ".join(e.message or "" for e in (b.errors.data or [])) if b.errors else ""
+            raise BatchFailed(f"batch {b.id} ended {b.status} with no results"
+                              + (f": {errors}" if errors else ""))
+        t = pa.concat_tables(parts, promote_options="permissive")
+        name = self.dataset_id or "custom_id"
+        return t.rename_columns([name if n == "custom_id" else n for n in t.column_names])
 
     def result(self, data: Any, progress: bool = True, poll_s: float = 1.0) -> Any:
         """``data`` (the rows submitted) with the result columns, once the batch ended."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,45 @@ def clean_env(data_dir: Path, **extra: str) -> dict[str, str]:
            if not k.startswith("INFERQ_") and k != "AWS_ENDPOINT_URL"}
     env.update(INFERQ_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", **extra)
     return env
+
+
+@dataclass
+class Started:
+    """An ``inferq up`` that said it is up: its process, port, stderr file, banner
+    lines (keys, token, data dir, metrics heading, metrics URLs) and the metrics URLs
+    by name."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    stderr: Path
+    banner: list[str]
+    metrics: dict[str, str]
+
+
+def start_up(env: dict[str, str], data: Path) -> Started:
+    """``inferq up --port N`` run as a user runs it, read up to the end of its banner."""
+    from tests.conftest import free_port
+
+    stderr = data.parent / f"{data.name}-up.err"
+    for _ in range(3):  # a free port (or the next ones) can be taken before `up` binds it
+        port = free_port()
+        with stderr.open("w") as err:
+            proc = subprocess.Popen([*CLI, "up", "--port", str(port)], env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=err,
+                                    stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # "inferq is up: …" once everything answers
+        if first or "is in use" not in stderr.read_text():
+            break
+        proc.wait(10)
+    assert first.startswith("inferq is up"), first + stderr.read_text()
+    out = proc.stdout
+    assert out is not None
+    banner = [out.readline() for _ in range(5)]  # keys, token, data dir, metrics heading
+    assert banner[-1].startswith("metrics ("), banner
+    urls = [out.readline() for _ in range(int(banner[-1].split("(")[1].split()[0]))]
+    metrics = dict(line.strip().rsplit(": ", 1) for line in urls)
+    return Started(proc, port, stderr, banner + urls, metrics)
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:

@@ -13,6 +13,7 @@ from api.current import charge_limits, context
 from api.errors import error_body
 from api.request_parsing import json_body
 from api.routes.contract import Blueprint
+from jobs.core import refs
 from jobs.core.errors import InferqError
 from jobs.core.status import StreamEvent
 from jobs.fleet import catalog
@@ -49,9 +50,10 @@ QUEUE_HEADER = "inferq-queue-ms"  # how long the request waited for a model work
 def embeddings() -> Response:
     ctx = context()
     req = parse_embeddings(json_body(), ctx.settings.max_embedding_inputs, catalog.cached(ctx))
+    req.model, named = refs.split_ref(req.model)  # name@version: that version answers
     grant = charge_limits(req.model, token_counts.embedding_tokens(req.inputs()))
     answer, version = serve.embed(ctx, req.model, req.model_dump(exclude_none=True), grant,
-                                  caller())
+                                  caller(), named)
     headers = version_header(version)
     if answer.queued_s is not None:
         headers[QUEUE_HEADER] = f"{answer.queued_s * 1000:.1f}"
@@ -94,10 +96,11 @@ def _generate(endpoint: str) -> Any:
 
 def _answer(ctx: Any, endpoint: str, req: ChatBody | CompletionBody,
             give_back: Callable[[], None] | None) -> Any:
+    req.model, named = refs.split_ref(req.model)  # name@version: that version answers
     body = req.model_dump(exclude_none=True)
     grant = charge_limits(req.model, token_counts.request_tokens(
         endpoint, body, ctx.settings.rate_limit_default_max_tokens), stream=req.stream)
-    gen = serve.generate(ctx, endpoint, req.model, body, grant, caller())
+    gen = serve.generate(ctx, endpoint, req.model, body, grant, caller(), named)
     if req.stream:
         return _streamed(gen, _sse(gen, req, endpoint == CHAT), give_back)
     done = gen.collect()
@@ -204,10 +207,11 @@ def responses() -> Any:
 
 
 def _respond(ctx: Any, req: ResponsesBody, give_back: Callable[[], None] | None) -> Any:
+    req.model, named = refs.split_ref(req.model)  # name@version: that version answers
     body = chat_body(req)
     grant = charge_limits(req.model, token_counts.request_tokens(
         CHAT, body, ctx.settings.rate_limit_default_max_tokens), stream=req.stream)
-    gen = serve.generate(ctx, CHAT, req.model, body, grant, caller())
+    gen = serve.generate(ctx, CHAT, req.model, body, grant, caller(), named)
     if req.stream:
         return _streamed(gen, _response_events(gen, req), give_back)
     done = gen.collect()

@@ -9,6 +9,7 @@ from api.idempotency import idempotent
 from api.request_parsing import json_body
 from api.routes.contract import Blueprint
 from jobs.asyncjobs import lifecycle as asyncjobs
+from jobs.core import refs
 from jobs.core.schema import new_id
 from jobs.protocol.objects.jobs import JobObject
 from jobs.protocol.validation import parse_model
@@ -27,7 +28,7 @@ def create() -> tuple[JobObject, int]:
     if req.callback_url is not None:
         endpoints.check_callback(ctx, g.tenant_id, req.callback_url)
     job_id = new_id("job_")  # its reservation is settled by id when the job completes
-    charge_limits(clean["model"], token_counts.request_tokens(
+    charge_limits(refs.split_ref(clean["model"])[0], token_counts.request_tokens(
         req.endpoint, clean, ctx.settings.rate_limit_default_max_tokens), member=job_id)
     job = asyncjobs.store(ctx, g.tenant_id, req.endpoint, clean,
                           callback_url=req.callback_url, api_key_id=g.api_key_id,

@@ -116,8 +116,11 @@ def store(ctx: Context, tenant_id: str, endpoint: str, clean: dict[str, Any],
           callback_url: str | None = None, api_key_id: str | None = None,
           job_id: str | None = None) -> Job:
     """Store a job whose body ``validate`` returned (with the key that created it: its
-    usage is billed to it) and push its id."""
-    version = rollout.route(ctx, clean["model"]).version  # a canary takes its share
+    usage is billed to it) and push its id. A body naming ``name@version`` is stored
+    naming ``name``, routed to that version; otherwise a canary takes its share."""
+    name, named = refs.split_ref(clean["model"])
+    version = rollout.route(ctx, name, named).version
+    clean = {**clean, "model": name}
     job = Job(id=job_id or new_id("job_"), tenant_id=tenant_id, api_key_id=api_key_id,
               endpoint=endpoint, body=clean, status=JobStatus.QUEUED,
               callback_url=callback_url, created_at=now(), model_version=version)

@@ -9,6 +9,14 @@ validated (its defaults applied), written as the child's input file (JSONL,
 ``<batch>_retry.jsonl``), and the child is an ordinary batch from then on: the same
 endpoint, tier, metadata, callback and output expiry. A request refused at
 validation is in no shard and is not rerun (the same body would be refused again).
+A batch whose input file has expired or was deleted cannot be rerun (409
+``results_expired``), nor one over a dataset in place that was rewritten or deleted
+since the batch read it (409 ``source_changed``): its requests are no longer what it ran.
+Without ``error_codes`` the requests whose error a rerun cannot fix
+(``NOT_RERUN_BY_DEFAULT``: a prompt over the context, a request the engine refused as
+invalid) are left out. A rerun in the family of a batch with an ``output_dataset``
+holds that prefix while it runs and, when it ends, replaces its requests' rows there
+by its results (jobs/batches/exports.py, ``write_rerun``).
 
 Its merged results (``GET /v1/batches/{id}/merged_output``) hold each custom_id of
 the batch once, with its latest result: the batch's own output and error lines,
@@ -19,29 +27,42 @@ Parquet (the reruns' lines as its rows), any other JSONL.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any
 
 import orjson
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from jobs.batches import outputs, service
+from jobs.batches import exports, output_reservations, outputs, service
 from jobs.batches import queries as repo
+from jobs.batches.datasets import Manifest
 from jobs.batches.views import read_shard
 from jobs.core.context import Context
 from jobs.core.errors import Conflict, InvalidRequest, NotFound
 from jobs.core.schema import Batch, File, Shard
 from jobs.core.status import TERMINAL
 from jobs.protocol.batch import BatchCreate, ExpiresAfter
+from storage import datasets as ds
 from storage.objects import CHUNK, ObjectNotFound
 from storage.parquet import read_rows, write_rows
 
 SPOOL_BYTES = 8 * 1024**2  # a child's input beyond this spills to disk
+# Error codes a rerun of the same request cannot fix: a rerun without error_codes
+# leaves these requests out (naming the codes in error_codes reruns them anyway).
+NOT_RERUN_BY_DEFAULT = frozenset({
+    "context_length_exceeded",  # the prompt is over the model's context
+    "invalid_request", "invalid_value", "invalid_type", "invalid_messages",
+    "invalid_token_id", "unsupported_parameter", "array_above_max_length",
+    "string_above_max_length", "uncomputable_input", "empty_input",
+})
 
 
 class BatchRetry(BaseModel):
@@ -80,11 +101,27 @@ def _rerun(ctx: Context, tenant_id: str, parent: Batch, chain: list[Batch],
            api_key_id: str | None) -> Batch:
     batch_id = parent.id
     codes = set(error_codes) if error_codes is not None else None
-    wanted = {cid for cid, code in _latest_errors(ctx, chain) if codes is None or code in codes}
+    wanted: set[str] = set()
+    skipped: Counter[str] = Counter()
+    for cid, code in _latest_errors(ctx, chain):
+        if codes is not None and code not in codes:
+            continue
+        if codes is None and code in NOT_RERUN_BY_DEFAULT:
+            skipped[code] += 1
+        else:
+            wanted.add(cid)
     if not wanted:
+        why = ""
+        if skipped:
+            why = (": " + ", ".join(f"{n} failed with {c}" for c, n in skipped.most_common())
+                   + ", which a rerun of the same request cannot fix; name the codes in "
+                   "error_codes (inferq retry --error-code) to rerun them anyway")
         raise InvalidRequest(f"batch {batch_id} has no failed request to rerun"
-                             + (f" with error code {', '.join(sorted(codes))}" if codes else ""),
-                             param="error_codes" if codes else None, code="nothing_to_retry")
+                             + (f" with error code {', '.join(sorted(codes))}" if codes else "")
+                             + why, param="error_codes" if codes else None,
+                             code="nothing_to_retry")
+    _file(ctx, parent, parent.input_file_id)  # its requests are read from its input
+    output = _output_prefix(ctx, parent)  # where its results also land, if anywhere
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
         found = _write_requests(ctx, parent, shards, wanted, spool)
         if not found:
@@ -102,19 +139,50 @@ def _rerun(ctx: Context, tenant_id: str, parent: Batch, chain: list[Batch],
                       service_tier=parent.service_tier,  # type: ignore[arg-type]
                       callback_url=parent.callback_url, output_expires_after=expiry)
     try:
-        return service.create_batch(ctx, tenant_id, req, api_key_id, parent_batch_id=batch_id)
+        child = service.create_batch(ctx, tenant_id, req, api_key_id,
+                                     parent_batch_id=batch_id)
     except Exception:
         service.delete_file(ctx, tenant_id, f.id)  # the input of no batch
         raise
+    if output is not None:
+        with ctx.db.session() as s, contextlib.suppress(Conflict):
+            b = s.get(Batch, child.id)  # a batch made meanwhile: finalize's check stops it
+            if b is not None:
+                output_reservations.reserve(s, b, output)
+    return child
+
+
+def _output_prefix(ctx: Context, parent: Batch) -> str | None:
+    """The output dataset of the family's root, if it has one: a rerun writes its
+    results there (jobs/batches/exports.py, ``write_rerun``) and holds the prefix
+    while it runs, as the batch that made the dataset did. 409 ``output_in_use`` when
+    a batch that has not ended holds it (or a prefix overlapping it)."""
+    with ctx.db.session() as s:
+        b = s.get(Batch, parent.id)
+        found = exports.output_of(s, ctx.store, exports.root_of(s, b)) if b else None
+        if found is None:
+            return None
+        held = output_reservations.holder(s, found[1])
+        if held is not None:
+            who = f"batch {held[0]}" if held[1] == parent.tenant_id else "another project's batch"
+            raise Conflict(f"the output dataset {found[1]} of batch {parent.id}'s family is "
+                           f"held by {who}, which has not ended: a rerun writes its results "
+                           "there; wait for that batch to end", param="output_dataset.uri",
+                           code="output_in_use")
+        return found[1]
 
 
 def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Iterator[bytes]]:
     """The format (``jsonl`` | ``parquet``) and the blocks of ``batch_id``'s merged
-    results (see the module)."""
+    results (see the module): for a batch over a dataset, its id column under its own
+    name, as in its output dataset."""
     with ctx.db.session() as s:
         parent, chain = _ended_chain(s, tenant_id, batch_id)
         f = s.get(File, parent.input_file_id)
         parquet = f is not None and f.format in ("parquet", "dataset")
+        id_column = "custom_id"
+        if f is not None and f.format == "dataset":
+            id_column = Manifest.from_json(ctx.store.get_bytes(f.object_key)).id_column
         s.expunge_all()
     for b in chain:  # every file is there before a byte is sent
         for file_id in (b.output_file_id, b.error_file_id):
@@ -122,7 +190,7 @@ def merged_output(ctx: Context, tenant_id: str, batch_id: str) -> tuple[str, Ite
     items = _merged(ctx, chain)
     if not parquet:
         return "jsonl", (outputs.dumps(line) + b"\n" for _, line in items)
-    return "parquet", _parquet(parent.endpoint, items)
+    return "parquet", _parquet(parent.endpoint, items, id_column)
 
 
 def _root(s: Session, tenant_id: str, batch_id: str) -> str:
@@ -243,6 +311,11 @@ def _write_requests(ctx: Context, parent: Batch, shards: list[Shard], wanted: se
             rows = read_shard(ctx.store, sh)
         except ObjectNotFound:  # the input expired: its shards went with it
             raise _gone(parent.id, parent.input_file_id) from None
+        except ds.SourceChanged as e:  # a view of a dataset rewritten since
+            raise Conflict(f"batch {parent.id} cannot be rerun: {e}, and a rerun reads its "
+                           "requests from the dataset as the batch read it; submit a new "
+                           "batch over the dataset as it is now", param="input_dataset.uri",
+                           code="source_changed") from None
         for row in rows:
             if row["custom_id"] in wanted:
                 out.write(orjson.dumps({"custom_id": row["custom_id"], "method": "POST",
@@ -252,8 +325,15 @@ def _write_requests(ctx: Context, parent: Batch, shards: list[Shard], wanted: se
     return n
 
 
-def _parquet(endpoint: str, items: Iterator[tuple[str, Any]]) -> Iterator[bytes]:
+def _parquet(endpoint: str, items: Iterator[tuple[str, Any]], id_column: str
+             ) -> Iterator[bytes]:
     schema = outputs.parquet_schema(endpoint)
+    if id_column != "custom_id":
+        items = ((cid, {(id_column if k == "custom_id" else k): v for k, v in
+                        (outputs.parquet_row(endpoint, item) if "response" in item
+                         else item).items()}) for cid, item in items)
+        schema = pa.schema([f.with_name(id_column) if f.name == "custom_id" else f
+                            for f in schema])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "merged.parquet"
         write_rows(path, schema, (outputs.parquet_row(endpoint, item) if "response" in item

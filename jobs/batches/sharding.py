@@ -36,6 +36,7 @@ import orjson
 
 from jobs.batches import outputs
 from jobs.core.errors import MODEL_NOT_FOUND, InvalidRequest, shown
+from jobs.core.refs import split_ref
 from jobs.fleet.catalog import Catalog
 from jobs.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, text_length
 from jobs.protocol.parsing import parse_embeddings, parse_generation, parse_responses
@@ -121,7 +122,7 @@ class Sharder:
         if not isinstance(model, str) or not model:
             return plan.fail("missing_model", "body.model is required", line_no, "body.model")
         try:
-            self.models.require(model, self.endpoint, param="body.model")
+            self.models.require(model, self.endpoint, param="body.model", versions=True)
         except InvalidRequest as e:
             return plan.fail(MODEL_NOT_FOUND, e.message, line_no, "body.model")
         if plan.model is None:
@@ -166,6 +167,7 @@ class Sharder:
                 raise InvalidRequest("stream is not available in a batch", param="stream")
         try:
             clean: dict[str, Any] = req.model_dump(mode="json", exclude_unset=True)
+            clean["model"] = split_ref(clean["model"])[0]  # the batch pins the version
             text = orjson.dumps(clean).decode()
             length = text_length(as_chat(self.endpoint, clean)[1])
         except (TypeError, ValueError):  # a value JSON cannot hold (the schema lets none by)

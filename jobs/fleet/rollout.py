@@ -1,4 +1,4 @@
-"""Which version of a model serves a request: the default, or a canary.
+"""Which version of a model serves a request: the default, a canary, or the one it names.
 
 A name's realtime requests and jobs are split between its versions by their
 ``traffic_weight`` (a canary; the default version takes what the canaries leave);
@@ -6,6 +6,11 @@ a batch is pinned to the default version when it is validated and keeps it to th
 end. A version with a ``shadow_share`` gets that share of the default version's
 realtime requests mirrored to it: answered, compared with the default's answer
 (jobs.fleet.shadow), never returned.
+
+A realtime request or job that names one version (``name@version``: the model field
+split by jobs.core.refs before it gets here) is served by that version whatever the
+weights say, is not counted in the split and is never mirrored: the way to compare two
+versions on the same inputs.
 
 The split is a smooth weighted round robin per process (as nginx's upstream
 balancing): each pick adds every version's weight to its credit, takes the version
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from jobs.core.context import Context
-from jobs.core.errors import InvalidRequest, ModelNotFound, shown
+from jobs.core.errors import MODEL_NOT_FOUND, InvalidRequest, ModelNotFound, shown
 from jobs.core.schema import Model
 from jobs.fleet import placement, registry, shadow
 from jobs.protocol.objects.fleet import Rollout
@@ -36,12 +41,14 @@ TTL_S = 0.5
 
 @dataclass(frozen=True)
 class Plan:
-    """A name's routing: its default version, its canaries and shadows (version, share)."""
+    """A name's routing: its default version, its canaries and shadows (version, share),
+    and every version it has."""
 
     name: str
     default: str | None
     canaries: tuple[tuple[str, float], ...] = ()
     shadows: tuple[tuple[str, float], ...] = ()
+    versions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,8 @@ def load(ctx: Context) -> dict[str, Plan]:
                          tuple((m.version, m.traffic_weight) for m in ms
                                if not m.is_default and m.traffic_weight > 0),
                          tuple((m.version, m.shadow_share) for m in ms
-                               if not m.is_default and m.shadow_share > 0))
+                               if not m.is_default and m.shadow_share > 0),
+                         tuple(m.version for m in ms))
     return out
 
 
@@ -126,10 +134,18 @@ class Router:
 _router = Router()
 
 
-def route(ctx: Context, name: str) -> Route:
+def route(ctx: Context, name: str, version: str | None = None) -> Route:
     """The version that serves one realtime request or job for ``name`` now, and the
-    versions it is mirrored to (realtime only)."""
-    return _router.route(plans(ctx).get(name))
+    versions it is mirrored to (realtime only); ``version``: the one the request named,
+    which serves it (400 ``model_not_found`` when the name has no such version: it
+    was retired after the request was validated)."""
+    plan = plans(ctx).get(name)
+    if version is None:
+        return _router.route(plan)
+    if plan is None or version not in plan.versions:
+        raise InvalidRequest(f"The model {shown(name)} has no version {shown(version)}",
+                             param="model", code=MODEL_NOT_FOUND)
+    return Route(version)
 
 
 # What an operator sees and changes ----------------------------------------------------------

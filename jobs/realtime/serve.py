@@ -54,15 +54,16 @@ def _admitted(ctx: Context, model: str, grant: limits.Grant) -> admission.Ticket
 
 
 def embed(ctx: Context, model: str, body: dict[str, Any], grant: limits.Grant,
-          caller: Caller) -> tuple[Answer, str | None]:
-    """A worker's answer to an embeddings request, and the version that gave it."""
+          caller: Caller, version: str | None = None) -> tuple[Answer, str | None]:
+    """A worker's answer to an embeddings request, and the version that gave it
+    (``version``: the one the request named)."""
     ticket = _admitted(ctx, model, grant)
-    route = rollout.route(ctx, model)
-    client = RealtimeClient(ctx.redis, tenant_id=caller.tenant_id,
-                            api_key_id=caller.api_key_id, version=route.version,
-                            place=placer(ctx))
     t0 = time.perf_counter()
     try:
+        route = rollout.route(ctx, model, version)
+        client = RealtimeClient(ctx.redis, tenant_id=caller.tenant_id,
+                                api_key_id=caller.api_key_id, version=route.version,
+                                place=placer(ctx))
         answer = client.answer("embeddings", body, ctx.settings.realtime_timeout_s)
     except Exception:
         limits.settle(ctx, grant, 0)  # not answered: its tokens are given back
@@ -152,18 +153,40 @@ class Generation:
         self.ticket.release()
 
 
+def reservation_cap(ctx: Context, model: str, body: dict[str, Any], caller: Caller) -> int:
+    """The tokens this generation may reserve (its project's cap for ``model``; 0: none),
+    for the worker to check once the prompt's length is known. A body that names its
+    max_tokens and reserves more already is refused here (400)."""
+    cap = limits.limits_for(ctx, caller.tenant_id, model).realtime_request_tokens
+    n, best_of = body.get("n") or 1, body.get("best_of") or 0
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(max_tokens, int) and isinstance(n, int) and isinstance(best_of, int):
+        refused = limits.reservation_refused(cap, max(n, best_of), max_tokens,
+                                             "best_of" if best_of > n else "n")
+        if refused is not None:
+            raise refused
+    return cap
+
+
 def generate(ctx: Context, kind: str, model: str, body: dict[str, Any],
-             grant: limits.Grant, caller: Caller) -> Generation:
-    """A generation request admitted, routed and its stream opened: errors before any
-    token (a bad prompt, no worker) raise here, with everything given back."""
+             grant: limits.Grant, caller: Caller, version: str | None = None) -> Generation:
+    """A generation request admitted, routed (to ``version``, where the request named
+    one) and its stream opened: errors before any token (a bad prompt, no worker) raise
+    here, with everything given back."""
     st = ctx.settings
-    ticket = _admitted(ctx, model, grant)
-    route = rollout.route(ctx, model)
-    stream = TokenStream(ctx.redis, kind, body, first_event_s=st.first_token_timeout_s,
-                         idle_s=st.no_progress_timeout_s, tenant_id=caller.tenant_id,
-                         api_key_id=caller.api_key_id, version=route.version,
-                         place=placer(ctx))
     try:
+        cap = reservation_cap(ctx, model, body, caller)
+    except Exception:
+        limits.settle(ctx, grant, 0)
+        limits.release_stream(ctx, grant)
+        raise
+    ticket = _admitted(ctx, model, grant)
+    try:
+        route = rollout.route(ctx, model, version)
+        stream = TokenStream(ctx.redis, kind, body, first_event_s=st.first_token_timeout_s,
+                             idle_s=st.no_progress_timeout_s, tenant_id=caller.tenant_id,
+                             api_key_id=caller.api_key_id, version=route.version,
+                             place=placer(ctx), max_reserved_tokens=cap)
         stream.open()
     except Exception:
         limits.settle(ctx, grant, 0)  # nothing ran: its tokens and its stream slot go back

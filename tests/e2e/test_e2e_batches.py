@@ -60,7 +60,10 @@ def test_sync_embeddings_float_and_base64(sdk, shortening) -> None:  # type: ign
     assert [d.index for d in r.data] == [0, 1, 2] and len(r.data[0].embedding) == 384
     assert r.usage.prompt_tokens > 0
     # By default the SDK asks for base64 and decodes it itself. Its strict mode validates
-    # before decoding (and would reject the hosted API alike), so this call is not strict.
+    # before decoding (and would reject the hosted API alike), as docs/API.md says: in
+    # strict mode embeddings take encoding_format="float"; the default call is not strict.
+    with pytest.raises(openai.APIResponseValidationError):
+        sdk.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES)
     from openai import OpenAI
 
     lenient = OpenAI(base_url=str(sdk.base_url), api_key=sdk.api_key, max_retries=0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import free_port
-from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, upload, wait
+from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, start_up, upload, wait
 
 pytestmark = pytest.mark.slow
 
@@ -63,29 +64,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     data = tmp_path_factory.mktemp("embedded")
     env = clean_env(data, INFERQ_CHAT_MODEL="", INFERQ_SHARD_ROWS="40",
                     INFERQ_CHUNK_ROWS="16")
-    stderr = data.parent / f"{data.name}-up.err"
-    for _ in range(3):  # a free port can be taken by another program before `up` binds it
-        port = free_port()
-        with stderr.open("w") as err:
-            proc = subprocess.Popen([*CLI, "up", "--port", str(port)], env=env, text=True,
-                                    stdout=subprocess.PIPE, stderr=err,
-                                    stdin=subprocess.DEVNULL)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()  # "inferq is up: …" once everything answers
-        if first or "is in use" not in stderr.read_text():
-            break
-        proc.wait(10)
-    assert first.startswith("inferq is up"), first + stderr.read_text()
-    banner = [proc.stdout.readline() for _ in range(5)]  # keys, token, data dir, "metrics (N …):"
-    assert banner[-1].startswith("metrics ("), banner
-    count = int(banner[-1].split("(")[1].split()[0])
-    urls = [proc.stdout.readline() for _ in range(count)]
-    printed = dict(line.strip().rsplit(": ", 1) for line in urls)
+    up = start_up(env, data)
     client_env = clean_env(data, INFERQ_API_PORT=str(free_port()))  # nothing listens there
-    yield Up(proc, data, port, client_env, stderr, "".join(banner + urls), printed)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+    yield Up(up.proc, data, up.port, client_env, up.stderr, "".join(up.banner), up.metrics)
+    if up.proc.poll() is None:
+        up.proc.send_signal(signal.SIGINT)
+        up.proc.wait(60)
 
 
 def test_up_writes_where_its_stack_is(up: Up) -> None:
@@ -218,12 +202,13 @@ def test_projects_keys_limits_and_usage(up: Up, tmp_path: Path) -> None:
     assert key_id in keys and key[-4:] in keys and key not in keys
 
     out = up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2",
-                "--rpm", "100", "--rpd", "5000", "--max-streams", "2")
+                "--rpm", "100", "--rpd", "5000", "--max-streams", "2",
+                "--max-request-tokens", "4096")
     assert out.splitlines()[1].split()[:4] == ["all-MiniLM-L6-v2", "100", "-", "5000"]
     up.ok("limits", "set", "--project", project, "--model", "all-MiniLM-L6-v2", "--rpd", "none")
     row = [x.split() for x in up.ok("limits", "list", "--project", project).splitlines()
            if x.startswith("all-MiniLM-L6-v2")]
-    assert row == [["all-MiniLM-L6-v2", "100", "-", "-", "-", "2"]]
+    assert row == [["all-MiniLM-L6-v2", "100", "-", "-", "-", "2", "4096"]]
 
     inp = tmp_path / "in.jsonl"
     inp.write_bytes(jsonl([emb_line(i, f"usage {i}") for i in range(5)]))
@@ -264,6 +249,8 @@ def test_submit_status_results(up: Up, tmp_path: Path) -> None:
     shown = up.ok("status", batch_id)
     assert "completed (30 completed, 0 failed)" in shown and "team=search" in shown
     assert "service tier: flex" in shown
+    assert re.search(r"progress: +30 of 30 requests done; [1-9][0-9,]* input and 0 output "
+                     r"tokens", shown), shown
     obj = json.loads(up.ok("status", batch_id, "--json"))
     assert obj["status"] == "completed" and obj["metadata"] == {"team": "search", "run": "7"}
 

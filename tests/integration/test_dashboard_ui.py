@@ -290,6 +290,43 @@ def test_the_admin_key_sees_every_project(site: Site, tab: Tab) -> None:
     tab.assert_quiet(site, site.admin_key)
 
 
+def test_the_lanes_card_holds_its_queue_bars_at_1400_px(site: Site, browser: Any) -> None:
+    """Every lane's queue bar, its count and its model lie inside the Lanes card, at
+    1,400 px wide, with a long model name and a deep queue."""
+    long_model = "team-a-sentiment-extractor-SmolLM2-135M-Instruct-lora-v12"
+    r = site.ctx.redis
+    heartbeats.write(r, "gpu9@test", {"name": "gpu9@test", "lanes": ["realtime", "jobs"],
+                                      "models": [long_model], "breaker": "closed",
+                                      "metrics_url": None, "at": time.time()}, 600)
+    r.rpush(redis_keys.realtime_queue(long_model), *([b"{}"] * 1234))
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        t = Tab(page)
+        t.login(site, site.admin_key)
+        bars = page.locator("#lanes .depth")
+        expect(page.locator("#lanes tbody tr").first).to_be_visible()
+        expect(page.locator("#lanes")).to_contain_text("1,234")
+        expect(bars.first).to_be_visible()
+        # One look at the page (the table is redrawn on every refresh): the card's box
+        # and those of the bars and cells inside it.
+        card, boxes = page.evaluate("""() => {
+            const box = (e) => { const r = e.getBoundingClientRect();
+                                 return {left: r.left, right: r.right}; };
+            const lanes = document.getElementById("lanes");
+            return [box(lanes.closest("section.card")),
+                    [...lanes.querySelectorAll(".depth, td")].map(box)];
+        }""")
+        assert len(boxes) >= 5
+        for b in boxes:
+            assert card["left"] <= b["left"] and b["right"] <= card["right"] + 0.5, (b, card)
+        t.shot("lanes-1400")
+    finally:
+        r.delete(redis_keys.realtime_queue(long_model))
+        context.close()
+
+
 def api_error(site: Site, path: str, key: str) -> dict[str, Any]:
     """The status and error message the API answers ``path`` with for ``key``."""
     req = urllib.request.Request(site.url + path, headers={"Authorization": f"Bearer {key}"})

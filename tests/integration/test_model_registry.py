@@ -268,7 +268,8 @@ def test_models_endpoint(client: Any, imported: dict[str, Model]) -> None:
                                "matryoshka": False,
                                "resident_on": [],  # no worker runs on this database
                                "engines_in_use": [],
-                               "versions": [{"version": "1", "precision": "fp32",
+                               "versions": [{"id": f"{name}@1", "version": "1",
+                                             "precision": "fp32",
                                              "engine": "auto", "traffic_weight": 1.0,
                                              "resident_on": [], "engines_in_use": []}]}
     one = client.get(f"/v1/models/{SMOL}")

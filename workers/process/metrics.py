@@ -1,7 +1,8 @@
 """Prometheus metrics of a worker process, served on its own port.
 
 Every pool child (model lanes and control) starts ``serve`` after the fork and
-announces the URL in its heartbeat (``metrics_url``); ``inferq up`` prints them and
+announces the URL in its heartbeat (``metrics_url``); ``inferq up`` gives each worker
+it starts a fixed port (so the URL it prints outlives a restart) and prints them, and
 ``docker/prometheus.yml`` scrapes them. Labels stay bounded: lane, model, kind,
 task; never a request id, a project or a key (what a project used is in usage
 accounting, not in any series).
@@ -15,9 +16,11 @@ exist only where torch sees a CUDA device: absent, never zero, on a CPU worker.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -306,18 +309,53 @@ _served: dict[str, str] = {}
 _lock = threading.Lock()
 
 
-def serve(host: str, port: int) -> str:
-    """Start this process's metrics server once (``port`` 0: a free one); its URL."""
+# A fixed port still held by the process this one replaces (a pool child that outlives
+# its killed parent for a moment) is tried again, every RETRY_S for up to HOLD_S.
+RETRY_S, HOLD_S = 0.5, 120.0
+
+
+def serve(host: str, port: int) -> str | None:
+    """Start this process's metrics server once (``port`` 0: a free one); its URL. A fixed
+    ``port`` in use is taken in the background once it is free (None meanwhile: ``url``
+    says when); any other failure raises OSError."""
     with _lock:
-        if "url" not in _served:
-            server, _ = start_http_server(port, addr=host)
-            bound = server.server_address[1]
-            shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
-            if ":" in shown:
-                shown = f"[{shown}]"
-            _served["url"] = f"http://{shown}:{bound}/metrics"
-            log.info("metrics at %s", _served["url"])
-        return _served["url"]
+        if "url" in _served or "waiting" in _served:
+            return _served.get("url")
+        try:
+            return _bind(host, port)
+        except OSError as e:
+            if port == 0 or e.errno != errno.EADDRINUSE:
+                raise
+            _served["waiting"] = str(port)
+    log.warning("metrics port %s:%s is in use; taking it once it is free", host, port)
+    threading.Thread(target=_bind_when_free, args=(host, port), daemon=True,
+                     name="metrics-port").start()
+    return None
+
+
+def _bind(host: str, port: int) -> str:
+    server, _ = start_http_server(port, addr=host)
+    bound = server.server_address[1]
+    shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    _served["url"] = f"http://{shown}:{bound}/metrics"
+    log.info("metrics at %s", _served["url"])
+    return _served["url"]
+
+
+def _bind_when_free(host: str, port: int) -> None:
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+        time.sleep(RETRY_S)
+        try:
+            with _lock:
+                _bind(host, port)
+            return
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                break
+    log.error("metrics server on %s:%s did not start: the port stayed in use", host, port)
 
 
 def url() -> str | None:

@@ -118,7 +118,7 @@ export function renderLanes(container, lanes) {
     fill.style.width = `${fmt.percent(l.queue_depth, deepest)}%`;
     t.tbody.append(h("tr", { dataset: { lane: l.lane } },
       h("td", {}, h("span", { class: `chip lane-${l.lane}` }, l.lane)),
-      h("td", { class: "small nowrap" }, l.model || "—"),
+      h("td", { class: "small nowrap", title: l.model || "" }, l.model || "—"),
       h("td", { class: "num" }, fmt.count(l.queue_depth)),
       h("td", { class: "wide" }, h("div", { class: "depth" }, fill))));
   }

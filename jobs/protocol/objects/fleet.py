@@ -20,6 +20,7 @@ def _traffic(m: Model, versions: list[Model]) -> float:
 
 
 class VersionResidency(Out):
+    id: str  # name@version: what a request's model names to be answered by this version
     version: str
     precision: str
     engine: str
@@ -33,7 +34,7 @@ class VersionResidency(Out):
         """``v`` one of its name's ``versions``; ``where`` and ``engines``: ref -> the live
         workers holding it, the engines they run it on."""
         ref = refs.model_ref(v.name, v.version)
-        return cls(version=v.version, precision=v.precision, engine=v.engine,
+        return cls(id=ref, version=v.version, precision=v.precision, engine=v.engine,
                    traffic_weight=_traffic(v, versions), resident_on=where.get(ref, []),
                    engines_in_use=engines.get(ref, []))
 
