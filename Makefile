@@ -44,7 +44,8 @@ STACK_TESTS := $(addprefix tests/e2e/,test_e2e_batches.py test_e2e_chat.py \
 	test_limits.py test_tenants_e2e.py test_partial_results.py test_batch_events.py \
 	test_metrics.py test_tracing.py test_admission.py test_simulated_fleet.py \
 	test_model_fleet.py test_poison_rows.py test_e2e_parameters.py test_e2e_choices.py \
-	test_e2e_responses.py test_e2e_structured.py test_e2e_tools.py test_notebook_client.py)
+	test_e2e_responses.py test_e2e_structured.py test_e2e_tools.py test_notebook_client.py \
+	test_generation_commits.py test_realtime_share.py)
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 # Each process's temporary files in a folder of this run's (kept when a test failed):
@@ -68,6 +69,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.generation
 	$(BIN)/python -m bench.realtime --engine transformers
 	$(BIN)/python -m bench.realtime --engine vllm
+	$(BIN)/python -m bench.realtime_fairness --engine transformers
+	$(BIN)/python -m bench.realtime_fairness --engine vllm
 	$(BIN)/python -m bench.chaos
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.webhooks
