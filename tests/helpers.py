@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 
 from jobs.core.schema import Shard
+from jobs.core.settings import Settings
 
 CLI = [sys.executable, "-m", "cli.main"]  # the `inferq` command, run as a user runs it
 
@@ -196,6 +197,36 @@ def world_http(world: dict[str, Any], key: str | None = None) -> Any:
 
     return httpx2.Client(transport=httpx2.WSGITransport(app=world["app"]), base_url=WORLD_URL,
                          headers={"Authorization": f"Bearer {key or world['key']}"})
+
+
+def lake_world(settings: Settings, s3_endpoint: str, project: str,
+               models: dict[str, tuple[str, int]], shard_rows: int,
+               chunk_rows: int) -> dict[str, Any]:
+    """The world of the dataset tests: the app in this process on ``settings`` (shards of
+    ``shard_rows``, chunks of ``chunk_rows``), ``models`` as registry rows only (name:
+    its kind and context length; the test's worker serves them), a bucket of its own on
+    the S3 server and a project named ``project``."""
+    import secrets
+
+    import boto3
+
+    from api.app import create_app
+    from jobs.fleet import catalog, registry
+    from jobs.tenants import auth
+
+    app = create_app(settings.model_copy(update={"shard_rows": shard_rows,
+                                                 "chunk_rows": chunk_rows}))
+    ctx = app.extensions["inferq"]
+    files = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
+    for name, (kind, context_length) in models.items():
+        registry.register(ctx, name, "1", kind, "test", files, context_length)
+    catalog.invalidate(ctx)
+    bucket = f"{project}-{secrets.token_hex(4)}"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    tenant_id, key = auth.create_tenant(ctx, project)
+    return {"app": app, "ctx": ctx, "key": key, "project": tenant_id, "s3": s3,
+            "bucket": bucket}
 
 
 def world_sdk(world: dict[str, Any], key: str | None = None) -> Any:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import io
 import json
-import secrets
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import openai
 import orjson
 import pyarrow as pa
@@ -31,9 +29,7 @@ from jobs.batches import queries as repo
 from jobs.batches.views import read_shard
 from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import catalog, registry
-from jobs.tenants import auth
-from tests.helpers import run_in_process, world_sdk
+from tests.helpers import lake_world, run_in_process, world_sdk
 
 EMB, CHAT = "all-MiniLM-L6-v2", "extractor"
 LONG = 20  # every 20th review is long: 5 % of them fail under the injected fault
@@ -44,24 +40,15 @@ OOM_ABOVE = 40  # tokens of a pass (rows x longest row) the injected fault allow
 def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
     from werkzeug.serving import make_server
 
-    from api.app import create_app
-
-    app = create_app(own_settings.model_copy(update={"shard_rows": 40, "chunk_rows": 20}))
-    ctx: Context = app.extensions["inferq"]
-    files = [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}]
-    registry.register(ctx, EMB, "1", "embeddings", "test", files, 256)  # registry rows only
-    registry.register(ctx, CHAT, "1", "chat", "test", files, 2048)
-    catalog.invalidate(ctx)
-    bucket = f"lake-{secrets.token_hex(4)}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    project, key = auth.create_tenant(ctx, "data-team")
-    locations.add(ctx, project, f"s3://{bucket}/", "read_write")
+    w = lake_world(own_settings, s3_endpoint, "data-team",
+                   {EMB: ("embeddings", 256), CHAT: ("chat", 2048)},
+                   shard_rows=40, chunk_rows=20)
+    locations.add(w["ctx"], w["project"], f"s3://{w['bucket']}/", "read_write")
+    app = w["app"]
     srv = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        yield {"app": app, "ctx": ctx, "key": key, "project": project, "s3": s3,
-               "bucket": bucket, "url": f"http://127.0.0.1:{srv.server_port}/v1"}
+        yield {**w, "url": f"http://127.0.0.1:{srv.server_port}/v1"}
     finally:
         srv.shutdown()
 

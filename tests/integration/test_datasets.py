@@ -6,11 +6,8 @@ real shard pipeline on the packaged MiniLM). The output is read back with DuckDB
 from __future__ import annotations
 
 import io
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import openai
 import orjson
 import pyarrow as pa
@@ -21,30 +18,19 @@ from openai.types import Batch as BatchObject
 
 from jobs.batches import locations, service
 from jobs.batches import queries as repo
-from jobs.core.context import Context
 from jobs.core.settings import Settings
 from jobs.fleet import catalog, registry
 from jobs.tenants import auth
-from tests.helpers import run_in_process, world_sdk
+from tests.helpers import lake_world, run_in_process, world_sdk
 
 MODEL = "all-MiniLM-L6-v2"
 
 
 @pytest.fixture
-def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
-    from api.app import create_app
-
-    app = create_app(own_settings.model_copy(update={"shard_rows": 40, "chunk_rows": 20}))
-    ctx: Context = app.extensions["inferq"]
-    registry.register(ctx, MODEL, "1", "embeddings", "test",  # a registry row only
-                      [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
-    catalog.invalidate(ctx)
-    bucket = f"lake-{secrets.token_hex(4)}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    project, key = auth.create_tenant(ctx, "datasets")
-    yield {"app": app, "ctx": ctx, "key": key, "project": project, "s3": s3,
-           "bucket": bucket, "other": auth.create_tenant(ctx, "datasets-other")[1]}
+def world(own_settings: Settings, s3_endpoint: str) -> dict[str, Any]:
+    w = lake_world(own_settings, s3_endpoint, "datasets", {MODEL: ("embeddings", 256)},
+                   shard_rows=40, chunk_rows=20)
+    return {**w, "other": auth.create_tenant(w["ctx"], "datasets-other")[1]}
 
 
 def create(client: OpenAI, **body: Any) -> BatchObject:

@@ -9,11 +9,8 @@ out-of-memory fault of test_reruns making the long requests fail the first time.
 from __future__ import annotations
 
 import io
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import openai
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,11 +19,8 @@ from openai import OpenAI
 from openai.types import Batch as BatchObject
 
 from jobs.batches import locations
-from jobs.core.context import Context
 from jobs.core.settings import Settings
-from jobs.fleet import catalog, registry
-from jobs.tenants import auth
-from tests.helpers import emb_line, jsonl, run_in_process, world_sdk
+from tests.helpers import emb_line, jsonl, lake_world, run_in_process, world_sdk
 
 MODEL = "all-MiniLM-L6-v2"
 LONG = 10  # every 10th request is long, and fails under the fault
@@ -34,20 +28,9 @@ OOM_ABOVE = 40
 
 
 @pytest.fixture
-def world(own_settings: Settings, s3_endpoint: str) -> Iterator[dict[str, Any]]:
-    from api.app import create_app
-
-    app = create_app(own_settings.model_copy(update={"shard_rows": 20, "chunk_rows": 10}))
-    ctx: Context = app.extensions["inferq"]
-    registry.register(ctx, MODEL, "1", "embeddings", "test",  # a registry row only
-                      [{"path": "config.json", "bytes": 2, "sha256": "0" * 64}], 256)
-    catalog.invalidate(ctx)
-    bucket = f"rerun-{secrets.token_hex(4)}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    project, key = auth.create_tenant(ctx, "rerun-sources")
-    yield {"app": app, "ctx": ctx, "key": key, "project": project, "s3": s3,
-           "bucket": bucket}
+def world(own_settings: Settings, s3_endpoint: str) -> dict[str, Any]:
+    return lake_world(own_settings, s3_endpoint, "rerun-sources",
+                      {MODEL: ("embeddings", 256)}, shard_rows=20, chunk_rows=10)
 
 
 def text(i: int) -> str:
