@@ -50,6 +50,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports free now: an ``inferq up``'s API port, then
+    its workers' metrics ports (the control worker's, then one per model worker), which
+    ``up`` takes next to it and refuses to start without."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65536:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base + 1, base + n):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 @pytest.fixture(scope="session")
 def services_dir() -> Iterator[Path]:
     """Outside pytest's own temp root: a private PostgreSQL runs as another user

@@ -46,22 +46,28 @@ class Started:
     metrics: dict[str, str]
 
 
-def start_up(env: dict[str, str], data: Path) -> Started:
-    """``inferq up --port N`` run as a user runs it, read up to the end of its banner."""
-    from tests.conftest import free_port
+def start_up(env: dict[str, str], data: Path, *args: str, workers: int = 1) -> Started:
+    """``inferq up --port N [args]`` run as a user runs it (``workers``: its model
+    workers, ``--workers``), read up to the end of its banner. Its ports (the API's and
+    the workers' metrics ports after it) are free when picked; one another program took
+    meanwhile makes ``up`` refuse to start, and another block is tried."""
+    from tests.conftest import free_ports
 
     stderr = data.parent / f"{data.name}-up.err"
-    for _ in range(3):  # a free port (or the next ones) can be taken before `up` binds it
-        port = free_port()
+    for _ in range(3):
+        port = free_ports(2 + workers)
         with stderr.open("w") as err:
-            proc = subprocess.Popen([*CLI, "up", "--port", str(port)], env=env, text=True,
+            proc = subprocess.Popen([*CLI, "up", "--port", str(port), "--workers",
+                                     str(workers), *args], env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL)
         assert proc.stdout is not None
         first = proc.stdout.readline()  # "inferq is up: …" once everything answers
-        if first or "is in use" not in stderr.read_text():
+        if first.startswith("inferq is up"):
             break
-        proc.wait(10)
+        proc.wait(120)  # it stops what it started, then says why on stderr
+        if "is in use" not in stderr.read_text():
+            break
     assert first.startswith("inferq is up"), first + stderr.read_text()
     out = proc.stdout
     assert out is not None

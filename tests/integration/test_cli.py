@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, free_ports
 from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, start_up, upload, wait
 
 pytestmark = pytest.mark.slow
@@ -457,7 +457,7 @@ def test_sigterm_while_up_starts_stops_everything(tmp_path: Path) -> None:
         for log in (data / "logs").glob("*.log"):
             log.unlink()
         with (tmp_path / "up.err").open("w") as err:
-            proc = subprocess.Popen([*CLI, "up", "--port", str(free_port())], env=env,
+            proc = subprocess.Popen([*CLI, "up", "--port", str(free_ports(3))], env=env,
                                     text=True, stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 600
@@ -488,7 +488,7 @@ def test_what_up_started_dies_with_it_however_it_ends(tmp_path: Path, end: str) 
     data = tmp_path / "data"
     env = clean_env(data, INFERQ_CHAT_MODEL="")
     with (tmp_path / "up.err").open("w") as err:
-        proc = subprocess.Popen([*CLI, "up", "--port", str(free_port())], env=env, text=True,
+        proc = subprocess.Popen([*CLI, "up", "--port", str(free_ports(3))], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     assert proc.stdout is not None

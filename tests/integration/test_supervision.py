@@ -27,8 +27,8 @@ import redis
 from sqlalchemy import create_engine, text
 
 from jobs.core.redis_keys import WORKERS
-from tests.conftest import free_port, process_alive
-from tests.helpers import CLI, clean_env, emb_line, jsonl, lines, upload, wait
+from tests.conftest import process_alive
+from tests.helpers import clean_env, emb_line, jsonl, lines, start_up, upload, wait
 
 pytestmark = pytest.mark.slow
 
@@ -52,21 +52,9 @@ def up2(tmp_path: Path) -> Iterator[Running]:
     # Small shards: the batch is spread over both workers; chunks commit often.
     env = clean_env(data, INFERQ_CHAT_MODEL="", INFERQ_SHARD_ROWS="100",
                     INFERQ_CHUNK_ROWS="25", INFERQ_TORCH_THREADS="1")
-    stderr = tmp_path / "up.err"
-    for _ in range(3):  # a free port can be taken by another program before `up` binds it
-        port = free_port()
-        with stderr.open("w") as err:
-            proc = subprocess.Popen([*CLI, "up", "--port", str(port), "--workers", "2"],
-                                    env=env, text=True, stdout=subprocess.PIPE, stderr=err,
-                                    stdin=subprocess.DEVNULL)
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        if first or "is in use" not in stderr.read_text():
-            break
-        proc.wait(10)
-    assert first.startswith("inferq is up"), first + stderr.read_text()
-    assert proc.stdout is not None
-    key = proc.stdout.readline().split(":", 1)[1].strip()  # "API key:      iq-dev-…"
+    up = start_up(env, data, workers=2)
+    proc, port, stderr = up.proc, up.port, up.stderr
+    key = up.banner[0].split(":", 1)[1].strip()  # "API key:      iq-dev-…"
     yield Running(proc, data, port, key, stderr)
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
