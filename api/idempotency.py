@@ -7,13 +7,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from flask import Response, current_app, g, request
 
 from api.current import context
-from api.errors import error_body
 from jobs.core import idempotency
-from jobs.core.errors import InferqError
 from storage.objects import CHUNK
 
 
@@ -44,17 +41,18 @@ def idempotent(view: Callable[..., Any]) -> Callable[..., Any]:
         if replay is not None:
             return Response(replay.body, status=replay.status, mimetype="application/json",
                             headers={"Idempotent-Replayed": "true"})
+        # A refused request created nothing, and what refused it may change (a model
+        # registered, a file uploaded, a data location granted, a limit raised): its key
+        # stays unused, so the same request sent again is run again, not answered with
+        # the refusal (a notebook cell run again after the fix sends the same key).
         try:
             resp = current_app.make_response(view(*args, **kwargs))
-        except InferqError as e:
-            if e.status >= 500 or e.status == 429:  # to be retried (429: a rate limit)
-                idempotency.abandon(ctx, tenant, key)
-            else:  # a client error is the answer to this request: replay it too
-                idempotency.finish(ctx, tenant, key, e.status, orjson.dumps(error_body(e)))
-            raise
         except BaseException:
             idempotency.abandon(ctx, tenant, key)
             raise
+        if resp.status_code >= 400:
+            idempotency.abandon(ctx, tenant, key)
+            return resp
         idempotency.finish(ctx, tenant, key, resp.status_code, resp.get_data())
         return resp
 

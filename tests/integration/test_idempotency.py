@@ -1,5 +1,6 @@
 """Idempotency-Key on creating POSTs: same key + same body → the same object (also for
-concurrent duplicates); same key + another body → 409 that must not be retried."""
+concurrent duplicates); same key + another body → 409 that must not be retried; a
+refused request leaves its key unused."""
 
 from __future__ import annotations
 
@@ -61,13 +62,25 @@ def test_batches_concurrent_duplicates_create_one(client, app, tenant_key, ctx) 
     assert other.status_code == 409 and other.headers["x-should-retry"] == "false"
 
 
-def test_client_errors_replay_and_keys_are_per_tenant(client, app, other_tenant_key, ctx) -> None:  # type: ignore[no-untyped-def]
+def test_a_refusal_leaves_its_key_unused_and_keys_are_per_tenant(
+        client: Any, app: Any, other_tenant_key: str, ctx: Any) -> None:
+    """A refusal created nothing and its cause may be fixed (the file uploaded, the
+    model registered): the same request with the same key is run again, not answered
+    with the refusal, and the key still creates the object once it can be."""
     key = secrets.token_hex(8)
     bad = {"input_file_id": "file-none", "endpoint": "/v1/embeddings",
            "completion_window": "24h"}
     a = client.post("/v1/batches", json=bad, headers={"Idempotency-Key": key})
     b = client.post("/v1/batches", json=bad, headers={"Idempotency-Key": key})
     assert a.status_code == b.status_code == 404 and a.get_json() == b.get_json()
+    assert "Idempotent-Replayed" not in b.headers
+    fid = post_file(client, jsonl([emb_line(0, "x")]), secrets.token_hex(8)).get_json()["id"]
+    good = {**bad, "input_file_id": fid}
+    made = client.post("/v1/batches", json=good, headers={"Idempotency-Key": key})
+    again = client.post("/v1/batches", json=good, headers={"Idempotency-Key": key})
+    assert made.status_code == again.status_code == 200, made.get_json()
+    assert made.get_json()["id"] == again.get_json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
     other = app.test_client()
     other.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {other_tenant_key}"
     data = jsonl([emb_line(0, "per-tenant")])
