@@ -1,6 +1,7 @@
 """Idempotency keys for creating POSTs: the same key and body give the same object,
 the same key with another body is a 409, and a duplicate arriving while the first
-is still running waits for its answer instead of creating a second object."""
+is still running waits for its answer instead of creating a second object. Only a
+success is kept: a refused request leaves its key unused."""
 
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def finish(ctx: Context, tenant_id: str, key: str, status: int, body: bytes) -> 
 
 
 def abandon(ctx: Context, tenant_id: str, key: str) -> None:
-    """The request failed on our side (5xx): let a retry with the same key run again."""
+    """The request was refused or failed (it created nothing): a request with the same
+    key runs again."""
     with ctx.db.session() as s:
         s.execute(delete(IdempotencyKey).where(IdempotencyKey.tenant_id == tenant_id,
                                                IdempotencyKey.key == key,

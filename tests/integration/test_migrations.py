@@ -86,3 +86,23 @@ def test_upgrade_downgrade_upgrade_roundtrip(fresh_db: str) -> None:
             assert c.execute(text("SELECT version_num FROM alembic_version")).scalar() == head
     finally:
         eng.dispose()
+
+
+def test_stored_refusals_leave_their_idempotency_keys(fresh_db: str) -> None:
+    """0022: the refusals stored under idempotency keys before a refusal left its key
+    unused are forgotten (a key sent again runs its request again); successes stay."""
+    migrate(fresh_db, "0021")
+    eng = create_engine(fresh_db)
+    try:
+        with eng.begin() as c:
+            c.execute(text("INSERT INTO tenants (id, name, created_at) VALUES ('t', 't', 0)"))
+            for key, status in (("made", 200), ("refused", 400), ("missing", 404)):
+                c.execute(text("INSERT INTO idempotency_keys (tenant_id, key, request_hash, "
+                               "status, response_status, response_body, created_at) VALUES "
+                               "('t', :k, 'h', 'done', :s, '{}', 0)"), {"k": key, "s": status})
+        migrate(fresh_db)
+        with eng.connect() as c:
+            left = c.execute(text("SELECT key FROM idempotency_keys")).scalars().all()
+    finally:
+        eng.dispose()
+    assert left == ["made"]
