@@ -80,7 +80,8 @@ def follow(client: Any, batch_id: str, interval: float = 0.5) -> Any:
 
 def batch_progress(rate: bool = False, to_stderr: bool = False) -> Any:
     """The progress bar of a batch followed to its end: counts, (its rate,) time spent
-    and time left (a rich ``Progress``; rich is imported only when one is shown)."""
+    and time left (a rich ``Progress``; rich is imported only when one is shown). Not
+    into a terminal, the counts and times without the bar."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -91,7 +92,10 @@ def batch_progress(rate: bool = False, to_stderr: bool = False) -> Any:
         TimeRemainingColumn,
     )
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    console = Console(stderr=to_stderr)
+    # Into a pipe or a file (80 columns), no bar: the rest fits the line whole.
+    bar = [BarColumn()] if console.is_terminal else []
+    columns = [TextColumn("{task.description}"), *bar, MofNCompleteColumn(),
                *([TextColumn("{task.fields[rate]}")] if rate else []), TimeElapsedColumn(),
                TimeRemainingColumn()]
-    return Progress(*columns, console=Console(stderr=to_stderr))
+    return Progress(*columns, console=console)

@@ -481,3 +481,19 @@ def test_once_up_a_signal_is_only_recorded(signals: StopSignals) -> None:
     signals.raising = False
     signal.raise_signal(signal.SIGTERM)
     assert signals.received == signal.SIGTERM
+
+
+def test_a_progress_line_into_a_pipe_is_whole(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`submit --wait` piped into a log: the counts, rate and times on an 80-column line,
+    none of them cut short for a bar."""
+    from cli.client import batch_progress
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    with batch_progress(rate=True) as bar:
+        task = bar.add_task("batch_066210a27c4a6f67f3aaa7669b completed", total=300,
+                            rate="148.9 req/s")
+        bar.update(task, completed=300)
+    last = [x for x in capsys.readouterr().out.splitlines() if x.strip()][-1]
+    assert "300/300" in last and "148.9 req/s" in last and "…" not in last, last
+    assert len(last) <= 80, last
