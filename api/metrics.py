@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from jobs.core.context import Context
 from jobs.core.errors import PermissionDenied, Unauthorized
+from jobs.core.lanes import BATCH, JOBS, REALTIME
 from jobs.slo import dashboard
 from jobs.tenants import auth
 
@@ -65,9 +66,9 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 UNMATCHED = "<unmatched>"  # the route of a request that no URL rule serves
 
 # The lane a route's work runs on.
-LANE_OF_ROUTE = {"/v1/embeddings": "realtime", "/v1/chat/completions": "realtime",
-                 "/v1/completions": "realtime", "/v1/responses": "realtime",
-                 "/v1/jobs": "jobs", "/v1/batches": "batch"}
+LANE_OF_ROUTE = {"/v1/embeddings": REALTIME, "/v1/chat/completions": REALTIME,
+                 "/v1/completions": REALTIME, "/v1/responses": REALTIME,
+                 "/v1/jobs": JOBS, "/v1/batches": BATCH}
 
 
 class QueueDepthCollector(Collector):

@@ -15,6 +15,7 @@ import math
 import click
 
 from cli import state
+from jobs.core.lanes import SHARD_LANES
 from jobs.core.settings import Settings
 from jobs.slo import admission, queueing, service_rates
 
@@ -110,7 +111,7 @@ def _batch_plan(lane: str, model: str, rows: int | None, deadline: float | None,
 
 
 @click.command()
-@click.option("--lane", type=click.Choice([admission.LANE, "batch", "flex"]), required=True,
+@click.option("--lane", type=click.Choice([admission.LANE, *SHARD_LANES]), required=True,
               help="the lane to plan: realtime (a latency objective), or batch / flex (a "
                    "backlog of rows and its deadline)")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,

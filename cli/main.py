@@ -15,6 +15,7 @@ import click
 
 from cli import admin, batches, capacity, datasets, models, reruns, results, state, top
 from cli.state import DATABASE, OBJECT_STORE, REDIS
+from jobs.core.lanes import BATCH, FLEX, JOBS, REALTIME
 from jobs.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def worker(lanes: str | None, name: str | None, spot: bool) -> None:
     from cli.command_lines import worker_command
 
     _export(state.backends(DATABASE, REDIS, OBJECT_STORE))
-    lanes = lanes or ("flex" if spot else "realtime,jobs,batch")
+    lanes = lanes or (FLEX if spot else ",".join((REALTIME, JOBS, BATCH)))
     os.environ["INFERQ_LANES"] = lanes
     if spot:  # SIGTERM: commit the chunk in flight, hand back; cold shutdown after the notice
         os.environ["INFERQ_SPOT"] = "1"

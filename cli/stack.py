@@ -28,6 +28,7 @@ from cli.forked_child import ForkedChild, fork_server
 from cli.lifeline import Lifeline
 from cli.stop_signals import StopSignals
 from cli.supervisor import Child
+from jobs.core.lanes import CONTROL, MODEL_LANES
 from jobs.core.settings import Settings
 from jobs.tenants import auth
 from storage.embedded import EmbeddedPostgres, EmbeddedRedis
@@ -260,8 +261,8 @@ class Stack:
             self.settings = self.settings.model_copy(update={"metrics_token": _key_file(
                 self.settings.data_dir / METRICS_TOKEN_FILE, "iq-metrics-")})
         if workers:
-            self.spawn("worker-control", worker_command("control", "control"), False,
-                       INFERQ_LANES="control", **self.worker_metrics_port_of(0))
+            self.spawn("worker-control", worker_command(CONTROL, CONTROL), False,
+                       INFERQ_LANES=CONTROL, **self.worker_metrics_port_of(0))
             for i in range(self.model_workers):
                 self.start_model_worker(f"gpu{i}", **self.worker_metrics_port_of(i + 1))
         if api:
@@ -322,7 +323,7 @@ class Stack:
             raise StackError(f"importing models {', '.join(names)} failed "
                              f"({p.returncode}); see {path}")
 
-    def start_model_worker(self, name: str, lanes: str = "realtime,jobs,batch,flex",
+    def start_model_worker(self, name: str, lanes: str = ",".join(MODEL_LANES),
                            **env: str) -> Child:
         return self.spawn(f"worker-{name}", worker_command(lanes, name), True,
                           INFERQ_LANES=lanes, **env)

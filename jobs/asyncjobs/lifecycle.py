@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import or_, select, update
 
-from jobs.core import redis_keys, refs
+from jobs.core import lanes, redis_keys, refs
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound
 from jobs.core.schema import Job, new_id, now
@@ -37,7 +37,7 @@ def push(ctx: Context, jobs: list[Job]) -> None:
     for j in jobs:
         by_ref.setdefault(job_ref(j), []).append(j.id)
     for ref, ids in by_ref.items():
-        placed = "@" in ref and placement.ensure(ctx, ref, "jobs")
+        placed = "@" in ref and placement.ensure(ctx, ref, lanes.JOBS)
         ctx.redis.rpush(redis_keys.jobs_queue(ref) if placed else redis_keys.JOBS_QUEUE, *ids)
 
 
@@ -54,7 +54,7 @@ def place_waiting(ctx: Context) -> list[str]:
     for key in list(r.scan_iter(match=redis_keys.JOBS_QUEUE + ":*", count=100)):
         name = key.decode() if isinstance(key, bytes) else str(key)
         ref = redis_keys.queued_model(name)
-        if "@" not in ref or placement.ensure(ctx, ref, "jobs"):
+        if "@" not in ref or placement.ensure(ctx, ref, lanes.JOBS):
             continue
         n = 0
         while r.lmove(name, redis_keys.JOBS_QUEUE, "LEFT", "RIGHT"):

@@ -38,7 +38,7 @@ from jobs.asyncjobs import lifecycle as asyncjobs
 from jobs.batches import fairshare, retention, uploads
 from jobs.batches import queries as repo
 from jobs.core.context import Context
-from jobs.core.lanes import lane_for
+from jobs.core.lanes import CONTROL, lane_for
 from jobs.core.redis_keys import WORKERS
 from jobs.core.schema import Batch, Shard, now
 from jobs.core.status import SHARD_FINISHED, BatchStatus, ShardStatus
@@ -185,7 +185,7 @@ def _resume_control(ctx: Context, rep: SweepReport) -> None:
     idempotent, so they are sent again once the batch has sat still for
     ``stranded_shard_s`` while the control queue is empty (a control worker busy with
     a long validation holds its message unacked, so the copy waits and then no-ops)."""
-    if ctx.redis.llen("control"):
+    if ctx.redis.llen(CONTROL):
         return
     stale = time.time() - ctx.settings.stranded_shard_s
     with ctx.db.session() as s:

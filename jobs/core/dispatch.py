@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from jobs.core import logs, refs, tracing
-from jobs.core.lanes import CELERY_LANES, lane_for
+from jobs.core.lanes import CELERY_LANES, CONTROL, REALTIME, lane_for
 from jobs.core.settings import Settings
 
 TASK_VALIDATE = "inferq.validate_batch"
@@ -49,7 +49,7 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_retry_on_startup": True,
         "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in CELERY_LANES],
-        "task_default_queue": "control",
+        "task_default_queue": CONTROL,
         "task_serializer": "json",
         "accept_content": ["json"],
         "worker_hijack_root_logger": False,
@@ -60,9 +60,9 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
 
 def lane_queues(lanes: set[str]) -> list[str]:
     """Celery queues behind lanes; realtime and jobs are Redis lists, not Celery queues
-    (a worker serving only those consumes the otherwise unused "realtime" queue)."""
+    (a worker serving only those consumes the otherwise unused realtime queue)."""
     queues: list[str] = [q for q in CELERY_LANES if q in lanes]
-    return queues or ["realtime"]
+    return queues or [REALTIME]
 
 
 def shard_queue(lane: str, model_ref: str | None) -> str:
@@ -96,7 +96,7 @@ class Dispatcher:
         self.app = app
 
     def validate(self, batch_id: str) -> None:
-        self._send(TASK_VALIDATE, batch_id, batch_id, "control")
+        self._send(TASK_VALIDATE, batch_id, batch_id, CONTROL)
 
     def shards(self, shard_ids: list[str], tier: str, model_ref: str | None,
                countdown: float = 0) -> None:
@@ -106,7 +106,7 @@ class Dispatcher:
             self._send(TASK_SHARD, sid, refs.batch_of(sid), queue, countdown)
 
     def finalize(self, batch_id: str) -> None:
-        self._send(TASK_FINALIZE, batch_id, batch_id, "control")
+        self._send(TASK_FINALIZE, batch_id, batch_id, CONTROL)
 
     def _send(self, task: str, arg: str, batch_id: str, queue: str,
               countdown: float = 0) -> None:

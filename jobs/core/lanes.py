@@ -8,6 +8,8 @@ REALTIME, JOBS, BATCH, FLEX, CONTROL = "realtime", "jobs", "batch", "flex", "con
 # request before a job, a job before a batch row, a batch row before a flex one; health
 # and the dashboard report them in this order.
 MODEL_LANES = (REALTIME, JOBS, BATCH, FLEX)
+# Each model lane's priority in an engine (lower is served first): its place in that order.
+PRIORITY = {lane: i for i, lane in enumerate(MODEL_LANES)}
 # The lanes of batch shards, one Celery queue each: standard batches and flex.
 SHARD_LANES = (BATCH, FLEX)
 # Every lane, as the dashboard orders them.

@@ -14,6 +14,8 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobs.core.lanes import BATCH, JOBS, REALTIME
+
 MISSED_BEATS = 3  # a worker's heartbeat expires after this many missed beats
 
 
@@ -141,7 +143,7 @@ class Settings(BaseSettings):
     breaker_cooldown_s: float = 30.0
 
     # Worker: lanes served by this process (realtime, batch, flex, control).
-    lanes: str = "realtime,jobs,batch"
+    lanes: str = ",".join((REALTIME, JOBS, BATCH))
 
     # Interactive requests answered by workers.
     realtime_timeout_s: float = 60.0

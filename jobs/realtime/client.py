@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import orjson
 import redis
 
-from jobs.core import logs, redis_keys, refs, tracing
+from jobs.core import lanes, logs, redis_keys, refs, tracing
 from jobs.core.errors import InferqError, ModelLoading, ModelNotLoaded, RequestTimeout, Unavailable
 from jobs.core.schema import new_id
 from jobs.core.status import StreamEvent
@@ -62,7 +62,7 @@ def queue_for(r: redis.Redis, model: str, max_queue: int, version: str | None = 
     when no worker serves the lane, the version cannot be had, or its queue is full. A
     worker announcing names only (``models``, no ``resident``) takes the name's own
     queue."""
-    beats = heartbeats.live_workers(r, "realtime")
+    beats = heartbeats.live_workers(r, lanes.REALTIME)
     if not beats:
         raise Unavailable("no worker is serving the realtime lane", retry_after=5)
     ref = refs.model_ref(model, version)

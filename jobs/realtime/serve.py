@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.core.context import Context
+from jobs.core.lanes import REALTIME
 from jobs.core.status import StreamEvent
 from jobs.fleet import placement, rollout, shadow
 from jobs.realtime import shadow as mirror
@@ -40,7 +41,7 @@ def placer(ctx: Context) -> Placer:
     the on-demand marker (INFERQ_PLACEMENT=on_demand)."""
     if ctx.settings.placement == "on_demand":
         return ON_DEMAND
-    return lambda ref: placement.ensure(ctx, ref, "realtime")
+    return lambda ref: placement.ensure(ctx, ref, REALTIME)
 
 
 def _admitted(ctx: Context, model: str, grant: limits.Grant) -> admission.Ticket:

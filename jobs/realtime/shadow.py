@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from jobs.core.context import Context
+from jobs.core.lanes import REALTIME
 from jobs.core.status import StreamEvent
 from jobs.fleet import placement
 from jobs.fleet.shadow import record
@@ -86,7 +87,7 @@ def mirror_generation(ctx: Context, kind: str, body: dict[str, Any], text: str,
 
 
 def _place(ctx: Context) -> Any:
-    return lambda ref: placement.ensure(ctx, ref, "realtime")
+    return lambda ref: placement.ensure(ctx, ref, REALTIME)
 
 
 def _embeddings(ctx: Context, body: dict[str, Any], primary: bytes,

@@ -18,14 +18,14 @@ from typing import Any
 import redis
 from prometheus_client import Counter
 
-from jobs.core import redis_keys
+from jobs.core import lanes, redis_keys
 from jobs.core.errors import InferqError
 from jobs.core.schema import new_id
 from jobs.fleet.heartbeats import live_workers
 from jobs.slo.queueing import admissible, retry_after_s
 from jobs.slo.service_rates import Servers, servers_of
 
-LANE = "realtime"
+LANE = lanes.REALTIME
 ARRIVALS, INFLIGHT = redis_keys.ARRIVALS, redis_keys.INFLIGHT
 VIEW_TTL_S = 1.0  # an API process reads the workers' heartbeats at most this often
 

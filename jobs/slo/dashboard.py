@@ -20,7 +20,7 @@ from jobs.batches import queries as repo
 from jobs.core import redis_keys, refs
 from jobs.core.context import Context
 from jobs.core.errors import InvalidRequest, NotFound, Unauthorized
-from jobs.core.lanes import CELERY_LANES
+from jobs.core.lanes import CELERY_LANES, JOBS, REALTIME
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import BatchStatus, BreakerState
 from jobs.fleet import heartbeats
@@ -83,7 +83,7 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
     live workers hold are listed even when empty). One pipeline of LLENs and a few
     SCANs."""
     rt_keys = sorted(_keys(r, redis_keys.REALTIME_QUEUE + ":*")
-                     | {redis_keys.realtime_queue(m) for w in heartbeats.live_workers(r, "realtime")
+                     | {redis_keys.realtime_queue(m) for w in heartbeats.live_workers(r, REALTIME)
                         for m in w.get("resident", w.get("models", []))})
     lane_keys = {q: sorted({*redis_keys.celery_lists(q)} | _keys(r, q + ".*"))
                  for q in CELERY_LANES}
@@ -102,13 +102,13 @@ def queue_depths(r: redis.Redis) -> list[QueueDepth]:
         n = len(lane_keys[q])
         out.append(QueueDepth(q, None, sum(lengths[:n])))
         del lengths[:n]
-    out.append(QueueDepth("jobs", None, sum(lengths[:len(job_keys)])))
+    out.append(QueueDepth(JOBS, None, sum(lengths[:len(job_keys)])))
     del lengths[:len(job_keys)]
     by_model: dict[str, int] = {}  # a model's versions' lists and its name's, summed
     for k, length in zip(rt_keys, lengths, strict=True):
         name = refs.split_ref(k[len(redis_keys.REALTIME_QUEUE) + 1:])[0]
         by_model[name] = by_model.get(name, 0) + int(length)
-    out += [QueueDepth("realtime", name, n) for name, n in by_model.items()]
+    out += [QueueDepth(REALTIME, name, n) for name, n in by_model.items()]
     return sorted(out, key=lambda d: (stats.LANE_ORDER.index(d.lane), d.model or ""))
 
 

@@ -119,7 +119,7 @@ def test_a_busy_worker_leaves_requests_on_the_shared_queue(own_redis_url: str, m
     """While its engine runs or holds work, a worker pops nothing: the requests stay on
     the model's list for whichever worker frees first. Freed, it takes those waiting
     (up to a pass of rows) at once, and they run in one pass."""
-    from workers.engines.embeddings import BATCH, REALTIME
+    from workers.engines.scheduling import BATCH, REALTIME
     from workers.lanes.realtime import RealtimeConsumer
 
     client = redis_lib.Redis.from_url(own_redis_url)

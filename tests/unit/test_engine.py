@@ -12,7 +12,8 @@ import pytest
 
 from jobs.core.errors import InvalidRequest
 from workers.engines.batching import BatchPolicy
-from workers.engines.embeddings import BATCH, FLEX, JOBS, REALTIME, EmbeddingEngine
+from workers.engines.embeddings import EmbeddingEngine
+from workers.engines.scheduling import BATCH, FLEX, JOBS, REALTIME
 
 TIMEOUT = 10
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from workers.engines.batching import BatchPolicy
-from workers.engines.embeddings import BATCH, EmbeddingEngine
+from workers.engines.embeddings import EmbeddingEngine
+from workers.engines.scheduling import BATCH
 
 
 class Tight:

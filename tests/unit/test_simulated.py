@@ -16,7 +16,8 @@ from jobs.core.settings import Settings
 from jobs.fleet.builtin_models import BUILTIN
 from jobs.protocol.embeddings import EmbeddingsBody
 from workers.engines.batching import BatchPolicy
-from workers.engines.embeddings import BATCH, EmbeddingEngine, is_oom
+from workers.engines.embeddings import EmbeddingEngine, is_oom
+from workers.engines.scheduling import BATCH
 from workers.models import simulated
 from workers.models.simulated import PROFILES, Profile, SimulatedEmbeddingModel, unit_vector
 
@@ -141,7 +142,8 @@ import orjson
 import workers.celery.app, workers.celery.tasks, workers.shards.pipeline
 from workers.process import runtime as worker_runtime
 from workers.engines.batching import BatchPolicy
-from workers.engines.embeddings import BATCH, EmbeddingEngine
+from workers.engines.embeddings import EmbeddingEngine
+from workers.engines.scheduling import BATCH
 from workers.lanes.realtime import RealtimeConsumer
 from workers.lanes.jobs import JobsConsumer
 from workers.shards.runners import EmbeddingRunner

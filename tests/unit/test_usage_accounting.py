@@ -15,9 +15,10 @@ from jobs.core.errors import InvalidRequest
 from jobs.core.settings import Settings
 from jobs.tenants import usage
 from workers.engines.batching import BatchPolicy
-from workers.engines.embeddings import BATCH, EmbeddingEngine, seconds_of
+from workers.engines.embeddings import EmbeddingEngine, seconds_of
 from workers.engines.generation.engine import GenerationEngine
 from workers.engines.request import GenRequest
+from workers.engines.scheduling import BATCH
 from workers.engines.sinks import Collect
 from workers.models.chat import ChatModel
 

@@ -47,7 +47,7 @@ def test_another_model_is_refused(minilm) -> None:  # type: ignore[no-untyped-de
 
 
 def test_batch_rows_refused_alone_the_rest_of_the_chunk_runs(minilm, minilm_engine) -> None:  # type: ignore[no-untyped-def]
-    from workers.engines.embeddings import BATCH
+    from workers.engines.scheduling import BATCH
     from workers.shards.runners import EmbeddingRunner
 
     residency = Residency(cast(Context, None), loader=refuse_loads)
@@ -101,7 +101,7 @@ def test_chat_for_a_model_not_held_is_refused_without_loading(held: str) -> None
 
 
 def test_generation_batch_rows_for_a_model_not_held_get_error_lines() -> None:
-    from workers.engines.embeddings import BATCH
+    from workers.engines.scheduling import BATCH
     from workers.shards.runners import GenerationRunner
 
     residency, _ = chat_residency("")

@@ -32,7 +32,7 @@ from celery.signals import (
 from jobs.core import logs, tracing
 from jobs.core.context import Context
 from jobs.core.dispatch import make_celery
-from jobs.core.lanes import MODEL_LANES
+from jobs.core.lanes import CONTROL, MODEL_LANES
 from jobs.core.settings import Settings
 from workers.lanes.batch import ShardConsumers
 from workers.lanes.control import DeliveryThread, JanitorThread
@@ -96,7 +96,7 @@ class PoolProcess:
             # lanes' heartbeat (workers/process/runtime.py) does it in a model worker.
             name = worker_name()
             self.heartbeat = Heartbeat(self.context().redis, name, lambda: {
-                "name": name, "lanes": ["control"], "models": [],
+                "name": name, "lanes": [CONTROL], "models": [],
                 "metrics_url": metrics.url()}, self.settings.worker_heartbeat_s)
             self.heartbeat.start()
 
@@ -283,7 +283,7 @@ def _shutting_down(how: str = "Warm", **_: Any) -> None:
 def _init_child(**_: Any) -> None:
     logs.setup(settings)  # after the fork: this process's log format and its tracer
     tracing.setup(settings, "worker" if settings.lane_set.intersection(MODEL_LANES)
-                  else "control")
+                  else CONTROL)
     try:  # after the fork: each pool process serves its own metrics
         metrics.serve(settings.worker_metrics_host, settings.worker_metrics_port)
     except OSError as e:
@@ -302,7 +302,7 @@ def _init_child(**_: Any) -> None:
             flag.with_suffix(".tmp").replace(flag)
             os._exit(EX_CONFIG)  # the main process exits with it (ExitWhenUnservable)
         announce_ready(rt.resident())  # now take shards
-    if "control" in settings.lane_set:
+    if CONTROL in settings.lane_set:
         process.start_janitor()
 
 

@@ -27,9 +27,6 @@ from jobs.tenants.usage import split
 from workers.engines.batching import BatchPolicy
 from workers.engines.scheduling import Scheduled
 
-REALTIME, JOBS, BATCH, FLEX = 0, 1, 2, 3
-PRIORITY_BY_TIER = {"default": BATCH, "flex": FLEX}
-
 
 class Model(Protocol):
     def embed(self, batch: list[list[int]]) -> np.ndarray: ...

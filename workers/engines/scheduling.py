@@ -22,11 +22,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from jobs.core import lanes
 from workers.engines.fanout import Scored, sequences
 
 if TYPE_CHECKING:  # annotations only
     from workers.engines.request import GenRequest
     from workers.engines.sinks import Sink
+
+# The engines' priorities of the model lanes (jobs.core.lanes.PRIORITY), by name: lower
+# is served first.
+REALTIME, JOBS, BATCH, FLEX = (lanes.PRIORITY[lane] for lane in lanes.MODEL_LANES)
 
 
 class Scheduled:
@@ -87,7 +92,7 @@ def fair_index(waiting: list[tuple[int, int, Q]], held: Counter[str]) -> int:
         return 0
     best, key = 0, (held[project_of(waiting[0][2])], waiting[0][1])
     for i, (prio, order, q) in enumerate(waiting):
-        if prio == 0 and (k := (held[project_of(q)], order)) < key:
+        if prio == REALTIME and (k := (held[project_of(q)], order)) < key:
             best, key = i, k
     return best
 
@@ -105,7 +110,7 @@ def take(waiting: list[tuple[int, int, Q]], i: int) -> Q:
 
 def projects_waiting(waiting: Iterable[tuple[int, int, Q]]) -> set[str]:
     """The projects with realtime sequences waiting."""
-    return {project_of(q) for prio, _, q in waiting if prio == 0}
+    return {project_of(q) for prio, _, q in waiting if prio == REALTIME}
 
 
 def share(rows: int, held: Counter[str], waiting: set[str]) -> int:

@@ -59,7 +59,14 @@ from jobs.tenants.usage import split
 from workers.engines.fanout import Branch
 from workers.engines.request import GenRequest
 from workers.engines.responses import TokenLogprob
-from workers.engines.scheduling import PriorityQueued, ceiling, fair_index, project_of, take
+from workers.engines.scheduling import (
+    REALTIME,
+    PriorityQueued,
+    ceiling,
+    fair_index,
+    project_of,
+    take,
+)
 from workers.engines.sinks import FinishReason, Sink
 from workers.engines.stats import GenStats
 from workers.engines.token_texts import TokenTexts
@@ -235,22 +242,23 @@ class VllmEngine(PriorityQueued[VllmRequest]):
         another project's request)."""
         out: list[VllmRequest] = []
         rows = len(self._live)
-        batch = sum(r.priority != 0 for r in self._live.values())
-        held = Counter(project_of(r) for r in self._live.values() if r.priority == 0)
+        batch = sum(r.priority != REALTIME for r in self._live.values())
+        held = Counter(project_of(r) for r in self._live.values() if r.priority == REALTIME)
         while self._waiting:
             i = fair_index(self._waiting, held)  # realtime: fairly by project
             prio, _, r = self._waiting[i]
-            if rows >= self.max_rows or (prio != 0 and batch >= self.max_batch_rows) or (
-                    prio == 0 and held[project_of(r)] > 0 and rows >= ceiling(self.max_rows)):
+            realtime = prio == REALTIME
+            if rows >= self.max_rows or (not realtime and batch >= self.max_batch_rows) or (
+                    realtime and held[project_of(r)] > 0 and rows >= ceiling(self.max_rows)):
                 break
             take(self._waiting, i)
-            held[project_of(r)] += prio == 0
+            held[project_of(r)] += prio == REALTIME
             if r.sink.cancelled():  # its caller went away while it waited
                 self._abandon(r)
                 continue
             out.append(r)
             rows += 1
-            batch += prio != 0
+            batch += prio != REALTIME
         return out
 
     def _add(self, r: VllmRequest) -> None:

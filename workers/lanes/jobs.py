@@ -35,8 +35,9 @@ from jobs.protocol.responses_request import as_chat
 from jobs.protocol.tool_use import tools_of
 from jobs.tenants import usage
 from workers.engines import responses as bodies
-from workers.engines.embeddings import JOBS, RowFuture, seconds_of, when_all_done
+from workers.engines.embeddings import RowFuture, seconds_of, when_all_done
 from workers.engines.request import build_request
+from workers.engines.scheduling import JOBS
 from workers.engines.sinks import Collect
 
 if TYPE_CHECKING:  # torch-bound (a simulated worker never imports torch)

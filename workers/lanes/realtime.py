@@ -31,9 +31,10 @@ from jobs.realtime import client as realtime
 from jobs.realtime.taken import WorkerStopping
 from jobs.slo import service_rates
 from jobs.tenants import limits, usage
-from workers.engines.embeddings import REALTIME, seconds_of, started_of, when_all_done
+from workers.engines.embeddings import seconds_of, started_of, when_all_done
 from workers.engines.request import GenRequest, build_request
 from workers.engines.responses import embeddings_body, failure
+from workers.engines.scheduling import REALTIME
 from workers.lanes.realtime_sinks import MeteredSink, ServicedSink, TracedSink, enqueued_at
 from workers.lanes.streams import CancelListener, Publisher, PubSink
 from workers.lanes.taking import Taker, as_bytes

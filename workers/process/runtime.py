@@ -27,6 +27,7 @@ import orjson
 
 from jobs.core.context import Context
 from jobs.core.errors import Unavailable
+from jobs.core.lanes import JOBS, REALTIME
 from jobs.core.schema import Model
 from jobs.core.settings import Settings
 from jobs.fleet import folder_checks, registry
@@ -308,14 +309,14 @@ def load_embedding_version(settings: Settings, ctx: Context, m: Model) -> Embedd
 def _start_lanes(rt: WorkerRuntime, draining: Callable[[], bool] | None = None) -> None:
     st, lanes = rt.settings, rt.settings.lane_set
     realtime: RealtimeConsumer | None = None
-    if "realtime" in lanes:
+    if REALTIME in lanes:
         realtime = RealtimeConsumer(rt.ctx.redis, rt.residency, st.max_embedding_inputs,
                                     allow=rt.breaker.allow, meter=UsageWriter(rt.ctx),
                                     service=rt.service, max_pending=st.max_batch_rows,
                                     on_demand=st.placement == "on_demand", name=rt.name,
                                     draining=draining, drain_s=st.drain_s)
         rt.threads.append(realtime)
-    if "jobs" in lanes:
+    if JOBS in lanes:
         rt.threads.append(JobsConsumer(rt.ctx, rt.residency, rt.name, allow=rt.breaker.allow))
     rt.threads.append(Commands(rt.ctx, rt.name, rt.residency,
                                on_failed=realtime.refuse_waiting if realtime else None))

@@ -30,12 +30,11 @@ from typing import Any
 from jobs.batches import queries as repo
 from jobs.batches.views import read_shard
 from jobs.core.context import Context
-from jobs.core.lanes import lane_for
+from jobs.core.lanes import PRIORITY, lane_for
 from jobs.core.schema import Batch, Shard
 from jobs.core.status import ShardOutcome, ShardStatus
 from jobs.tenants import usage
 from storage import keys
-from workers.engines.embeddings import PRIORITY_BY_TIER
 from workers.process import metrics
 from workers.shards.fencing import (
     LeaseKeeper,
@@ -82,7 +81,7 @@ def process_shard(ctx: Context, runner_for: Callable[[str, str | None], Runner],
     keeper.start()
     try:
         runner = runner_for(endpoint, version)
-        prio = PRIORITY_BY_TIER.get(tier, 2)
+        prio = PRIORITY[lane_for(tier)]
         if commits_rows(runner):
             return run_rows(ctx, runner, sh, token, prio, stop_requested, healthy, keeper,
                             payer)

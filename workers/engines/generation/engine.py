@@ -32,7 +32,14 @@ from workers.engines.generation.passes import Passes
 from workers.engines.generation.sequence import Seq
 from workers.engines.prefix_cache import PrefixCache
 from workers.engines.request import GenRequest
-from workers.engines.scheduling import fair_index, over_share, project_of, projects_waiting, take
+from workers.engines.scheduling import (
+    REALTIME,
+    fair_index,
+    over_share,
+    project_of,
+    projects_waiting,
+    take,
+)
 from workers.engines.sinks import FinishReason, Sink
 from workers.engines.stats import GenStats
 from workers.engines.token_texts import TokenTexts
@@ -87,7 +94,7 @@ class GenerationEngine(Passes):
         self._start_loop(self._loop, "inferq-generate")
 
     def submit(self, req: GenRequest, sink: Sink, priority: int) -> None:
-        if priority == 0:
+        if priority == REALTIME:
             self._realtime_at = self._clock()
         super().submit(req, sink, priority)
 
@@ -131,7 +138,7 @@ class GenerationEngine(Passes):
         """Prompt tokens the next step may compute: the small budget while realtime
         streams are about (one waiting, or one submitted within the quiet time)."""
         recent = self._clock() - self._realtime_at < self.realtime_quiet_s
-        if recent or (self._waiting and self._waiting[0][0] == 0):
+        if recent or (self._waiting and self._waiting[0][0] == REALTIME):
             return self.max_prefill_tokens
         return self.batch_prefill_tokens
 
@@ -146,20 +153,20 @@ class GenerationEngine(Passes):
         budget = self.prefill_budget()
         live = self._live()
         rows = len(live)
-        batch_rows = sum(s.priority != 0 for s in live)  # realtime takes no slot
-        held = Counter(project_of(s) for s in live if s.priority == 0)
+        batch_rows = sum(s.priority != REALTIME for s in live)  # realtime takes no slot
+        held = Counter(project_of(s) for s in live if s.priority == REALTIME)
         starts: set[int] = set()  # requests one of whose sequences starts whole this step
         cap = self.max_rows if self._fit_rows is None else min(self.max_rows, self._fit_rows)
         while self._waiting and budget > 0:
             i = fair_index(self._waiting, held)
             prio, _, s = self._waiting[i]
-            full = rows >= cap or (prio != 0 and batch_rows >= self.max_batch_rows)
-            if full and prio == 0 and self._yield_row(project_of(s), cap - batch_rows, held):
+            full = rows >= cap or (prio != REALTIME and batch_rows >= self.max_batch_rows)
+            if full and prio == REALTIME and self._yield_row(project_of(s), cap - batch_rows, held):
                 rows -= 1  # (its row went back to the queue: pick again)
                 continue
             # A step that prefills realtime rows prefills nothing else: their first
             # token is due at its end, and other prefills would lengthen it.
-            if full or (prio != 0 and out and out[0].priority == 0):
+            if full or (prio != REALTIME and out and out[0].priority == REALTIME):
                 break
             take(self._waiting, i)
             if s.done or s.sink.cancelled():
@@ -174,7 +181,7 @@ class GenerationEngine(Passes):
             if fresh and id(s.req) in starts:
                 need = 0  # its prompt is computed once for the request (``_prefill``)
             out.append(s)
-            if prio == 0:
+            if prio == REALTIME:
                 held[project_of(s)] += 1
             if need > budget:  # a chunk now, the rest in later steps
                 s.chunk_to = done + budget
@@ -183,7 +190,7 @@ class GenerationEngine(Passes):
             if fresh:
                 starts.add(id(s.req))
             rows += 1
-            batch_rows += prio != 0
+            batch_rows += prio != REALTIME
             budget -= need
         return out
 
@@ -230,7 +237,7 @@ class GenerationEngine(Passes):
         if donor is None:
             return False
         slot = min((j for j, r in enumerate(self._running)
-                    if not r.done and r.priority == 0 and project_of(r) == donor),
+                    if not r.done and r.priority == REALTIME and project_of(r) == donor),
                    key=lambda j: (len(self._running[j].generated), -self._running[j].order),
                    default=None)
         if slot is None:
@@ -320,7 +327,7 @@ class GenerationEngine(Passes):
         # A step that prefilled realtime rows ends there: their first token is out, and
         # the running rows decode in the next step (one step later, not one step longer).
         # Never twice in a row, so that arrivals at every step cannot stall the decodes.
-        rushed = bool(admitted) and admitted[0].priority == 0 and not self._rushed
+        rushed = bool(admitted) and admitted[0].priority == REALTIME and not self._rushed
         self._rushed = rushed
         if prev and not rushed:
             prev, shed = self._decode(prev, charged)
