@@ -57,8 +57,10 @@ def test_a_take_moves_the_request_and_an_answer_forgets_it(r) -> None:  # type: 
     assert r.llen(redis_keys.realtime_taken("w1")) == 0
     # Blocked on an empty queue, it takes what arrives.
     r.delete(QUEUE)
-    threading.Timer(0.3, lambda: r.lpush(QUEUE, msg("req_3"))).start()
+    later = threading.Timer(0.3, lambda: r.lpush(QUEUE, msg("req_3")))
+    later.start()
     got = w.take([QUEUE], timeout=5)
+    later.join(10)  # its push answered before the test's Redis client is closed
     assert got is not None and orjson.loads(got[1][0])["id"] == "req_3"
     assert r.llen(redis_keys.realtime_taken("w1")) == 1
 
